@@ -1,0 +1,144 @@
+"""The interface every attention operator implements.
+
+An operator is a drop-in `attn_layer` for timm's VisionTransformer: it is constructed with timm's
+keyword arguments, is called as `(x, attn_mask=None, is_causal=False)`, and keeps timm's parameter
+names (`qkv`, `q_norm`, `k_norm`, `norm`, `proj`), so a softmax checkpoint's attention tensors map
+one-to-one onto every operator. What differs between operators is only how heads mix tokens:
+
+    global_mix(q, k, v)   -> (B, H, N, Dv)   the fast path used in training
+    attention_map(q, k)   -> (B, H, N, N)    the explicit map with global_mix == map @ v
+    local_mix(v)          -> (B, H, N, Dv)   optional token-local term (depthwise conv on V)
+
+Parameters an operator adds beyond timm's are "operator-specific": no softmax checkpoint has them,
+so init strategies always create them new (see linvit.transfer.init).
+"""
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+# Submodules that timm's Attention has; anything else in an operator is operator-specific.
+SHARED_SUBMODULES = ("qkv", "q_norm", "k_norm", "norm", "proj")
+
+
+class AttentionOperator(nn.Module):
+    name: ClassVar[str] = ""
+    # Hyper-parameters a config may override (model.operator_options), with their defaults.
+    options: ClassVar[dict] = {}
+    # Whether attn_drop has a meaning (only operators that form a map during training).
+    supports_attn_drop: ClassVar[bool] = False
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
+                 scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0, norm_layer: type[nn.Module] | None = None,
+                 device=None, dtype=None, **unsupported) -> None:
+        super().__init__()
+        if unsupported:
+            raise TypeError(f"{type(self).__name__}: unsupported timm attention options "
+                            f"{sorted(unsupported)}")
+        if dim % num_heads:
+            raise ValueError(f"{self.name}: dim {dim} is not divisible by num_heads {num_heads}")
+        if attn_drop and not self.supports_attn_drop:
+            raise ValueError(f"{self.name}: attn_drop={attn_drop} has no meaning for an operator "
+                             "that never forms its attention map; use proj_drop")
+        if (qk_norm or scale_norm) and norm_layer is None:
+            raise ValueError("norm_layer is required with qk_norm or scale_norm")
+        dd = {"device": device, "dtype": dtype}
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
+        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+        # Token layout, set by linvit.models.create_vit: prefix (cls/register) tokens come first,
+        # then a row-major patch grid. Local terms need it; global mixing does not.
+        self.num_prefix_tokens = 1
+        self.grid_size: tuple[int, int] | None = None
+        self.build(**dd)
+
+    # --- what an operator implements -------------------------------------------------------
+    def build(self, device=None, dtype=None) -> None:
+        """Create operator-specific parameters (none by default)."""
+
+    def global_mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def attention_map(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def local_mix(self, v: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    # --- shared machinery ------------------------------------------------------------------
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)                                   # each (B, H, N, d)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def _forward(self, x: torch.Tensor, need_map: bool):
+        B, N, C = x.shape
+        q, k, v = self.project(x)
+        out = self.global_mix(q, k, v)
+        local = self.local_mix(v)
+        if local is not None:
+            out = out + local
+        attn_map = self.attention_map(q, k) if need_map else None
+        out = out.transpose(1, 2).reshape(B, N, C)
+        out = self.proj_drop(self.proj(self.norm(out)))
+        return out, attn_map
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                is_causal: bool = False) -> torch.Tensor:
+        if attn_mask is not None or is_causal:
+            raise ValueError(f"{self.name} attention is bidirectional: attn_mask and is_causal "
+                             "are not supported")
+        return self._forward(x, need_map=False)[0]
+
+    def forward_with_map(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Output and the (B, H, N, N) float32 map that multiplies V (before any local term)."""
+        return self._forward(x, need_map=True)
+
+    def operator_specific_parameters(self) -> list[str]:
+        return [n for n, _ in self.named_parameters() if n.split(".")[0] not in SHARED_SUBMODULES]
+
+    # --- token layout helpers for local terms ----------------------------------------------
+    def set_token_layout(self, num_prefix_tokens: int, grid_size: tuple[int, int] | None) -> None:
+        self.num_prefix_tokens = num_prefix_tokens
+        self.grid_size = tuple(grid_size) if grid_size is not None else None
+
+    def patch_grid(self, num_tokens: int) -> tuple[int, int]:
+        n = num_tokens - self.num_prefix_tokens
+        if self.grid_size is not None and self.grid_size[0] * self.grid_size[1] == n:
+            return self.grid_size
+        side = math.isqrt(max(n, 0))
+        if side * side != n:
+            raise ValueError(f"{self.name}: cannot place {n} patch tokens on a grid (prefix "
+                             f"tokens {self.num_prefix_tokens}, grid {self.grid_size}); call "
+                             "set_token_layout with the current grid")
+        return side, side
+
+    def depthwise_on_patches(self, v: torch.Tensor, conv: nn.Module, per_head: bool) -> torch.Tensor:
+        """Apply a depthwise conv over the patch grid of V; prefix tokens get a zero local term.
+
+        per_head=True shares one conv of head_dim channels across heads (FLatten); otherwise the
+        conv has H*d channels (one filter per channel of every head).
+        """
+        B, H, N, d = v.shape
+        h, w = self.patch_grid(N)
+        p = self.num_prefix_tokens
+        patches = v[:, :, p:]                                      # (B, H, h*w, d)
+        if per_head:
+            grid = patches.reshape(B * H, h, w, d).permute(0, 3, 1, 2)
+            out = conv(grid).permute(0, 2, 3, 1).reshape(B, H, h * w, d)
+        else:
+            grid = patches.permute(0, 1, 3, 2).reshape(B, H * d, h, w)
+            out = conv(grid).reshape(B, H, d, h * w).permute(0, 1, 3, 2)
+        return torch.cat([torch.zeros_like(v[:, :, :p]), out], dim=2)

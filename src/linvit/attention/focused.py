@@ -1,0 +1,50 @@
+"""Focused linear attention (FLatten, arXiv 2308.00442).
+
+phi_p(x) = ||x'|| * x'^p / ||x'^p||, x' = (relu(x) + 1e-6) / softplus(s), with a learnable
+per-channel scale s and focusing power p = 3, plus a depthwise conv on V (kernel 5, shared across
+heads) added to the output.
+
+Differences from the FLatten code, on purpose: the focusing norms are taken per head (every
+operator here keeps heads independent), and FLatten's extra learnable positional encoding on K is
+left out (it ties the operator to one resolution; the ViT's own position embedding remains).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linvit.attention.base import AttentionOperator
+from linvit.ops.linear_attention import (normalized_linear_attention,
+                                         normalized_linear_attention_map)
+
+
+class FocusedLinearAttention(AttentionOperator):
+    name = "focused"
+    options = {"focusing_factor": 3.0, "kernel_size": 5}
+    focusing_factor = 3.0
+    kernel_size = 5
+
+    def build(self, device=None, dtype=None):
+        d = self.head_dim
+        # softplus(0) = ln 2: the FLatten initialisation.
+        self.focus_scale = nn.Parameter(torch.zeros(1, self.num_heads, 1, d, device=device,
+                                                    dtype=dtype))
+        self.dwc = nn.Conv2d(d, d, self.kernel_size, padding=self.kernel_size // 2, groups=d,
+                             device=device, dtype=dtype)
+
+    def feature_map(self, x):
+        x = (F.relu(x.float()) + 1e-6) / F.softplus(self.focus_scale.float())
+        x_norm = x.norm(dim=-1, keepdim=True)
+        x_pow = x ** self.focusing_factor
+        # x >= 1e-6 / softplus(s) keeps ||x^p|| well above 0 for p <= 3 in float32.
+        return x_norm * x_pow / x_pow.norm(dim=-1, keepdim=True)
+
+    def global_mix(self, q, k, v):
+        return normalized_linear_attention(self.feature_map(q), self.feature_map(k), v)
+
+    def attention_map(self, q, k):
+        return normalized_linear_attention_map(self.feature_map(q), self.feature_map(k))
+
+    def local_mix(self, v):
+        return self.depthwise_on_patches(v, self.dwc, per_head=True)

@@ -1,0 +1,35 @@
+"""Injective linear attention (InLine, arXiv 2412.06590).
+
+A_ij = s q_i.k_j - mean_t(s q_i.k_t) + 1/N with the identity kernel and s = head_dim^-0.5 (InLine's
+default), plus a local 3x3 depthwise residual on V. The subtraction makes the map injective and its
+rows sum to 1 without any division, so there is no normaliser to vanish.
+
+Difference from the InLine code, on purpose: the local residual is a learned depthwise conv (one
+3x3 filter per channel) rather than filters predicted from the mean token.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from linvit.attention.base import AttentionOperator
+from linvit.ops.linear_attention import injective_linear_attention, injective_linear_attention_map
+
+
+class InLineAttention(AttentionOperator):
+    name = "inline"
+    options = {"kernel_size": 3}
+    kernel_size = 3
+
+    def build(self, device=None, dtype=None):
+        dim = self.num_heads * self.head_dim
+        self.local = nn.Conv2d(dim, dim, self.kernel_size, padding=self.kernel_size // 2,
+                               groups=dim, device=device, dtype=dtype)
+
+    def global_mix(self, q, k, v):
+        return injective_linear_attention(q, k, v, self.scale)
+
+    def attention_map(self, q, k):
+        return injective_linear_attention_map(q, k, self.scale)
+
+    def local_mix(self, v):
+        return self.depthwise_on_patches(v, self.local, per_head=False)

@@ -1,0 +1,26 @@
+"""The dataset registry. Adding a dataset: one file here, one line in DATASETS."""
+from __future__ import annotations
+
+from linvit.data.base import SPLITS, DataInfo, DatasetNotFound
+from linvit.data.cifar import CIFAR
+from linvit.data.fashion_mnist import FashionMNIST
+from linvit.data.imagefolder import ImageFolderDataset
+from linvit.data.mnist5k import MNIST5k
+
+DATASETS = {
+    "fashion_mnist": FashionMNIST(),
+    "mnist5k": MNIST5k(),
+    "cifar10": CIFAR(10),
+    "cifar100": CIFAR(100),
+    "imagefolder": ImageFolderDataset(),
+}
+
+
+def get_dataset(name: str):
+    try:
+        return DATASETS[name]
+    except KeyError:
+        raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}") from None
+
+
+__all__ = ["DATASETS", "DataInfo", "DatasetNotFound", "SPLITS", "get_dataset"]

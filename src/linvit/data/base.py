@@ -1,0 +1,62 @@
+"""What every dataset provides: its shape (classes, channels, size, normalisation) and loaders.
+
+Datasets that fit in memory (MNIST-like, CIFAR) return uint8 tensors and get the batched
+TensorLoader; folder datasets return a torch Dataset with timm transforms.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from linvit.data.loaders import TensorLoader
+
+SPLITS = ("train", "test")
+
+
+class DatasetNotFound(FileNotFoundError):
+    """A dataset that is not on disk; the message names the paths looked at and how to install."""
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    num_classes: int
+    in_chans: int
+    img_size: int
+    mean: tuple
+    std: tuple
+    class_names: tuple = ()
+
+
+def subset_indices(n: int, k: int | None, seed: int = 0) -> torch.Tensor | None:
+    """A fixed random subset of k of n samples, the same for every run that asks for k."""
+    if k is None or k >= n:
+        return None
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k].sort().values
+
+
+class InMemoryDataset:
+    """Subclasses set `info_` and implement `arrays(root, split) -> (uint8 NCHW, int64 labels)`."""
+    info_: DataInfo
+    install_hint: str = ""
+    flip: bool = True            # horizontal flips in training augmentation (not for digits)
+
+    def info(self, root: str | None = None, img_size: int | None = None) -> DataInfo:
+        if img_size not in (None, self.info_.img_size):
+            raise ValueError(f"this dataset's images are {self.info_.img_size} px; "
+                             f"data.img_size={img_size} is not supported for it")
+        return self.info_
+
+    def arrays(self, root: str | None, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def loader(self, root, split, *, batch_size, train, subset=None, seed=0, rank=0, world=1,
+               img_size=None, workers=0):
+        images, labels = self.arrays(root, split)
+        idx = subset_indices(len(labels), subset)
+        if idx is not None:
+            images, labels = images[idx], labels[idx]
+        info = self.info(root, img_size)
+        return TensorLoader(images, labels, batch_size, mean=info.mean, std=info.std,
+                            shuffle=train, augment=train, seed=seed, rank=rank, world=world,
+                            flip=self.flip)

@@ -1,0 +1,48 @@
+"""Any ImageFolder tree in ImageNet layout: ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg.
+
+Transforms are timm's (RandAugment-free defaults: random resized crop + flip for training, resize
+and centre crop for evaluation) at data.img_size, with ImageNet normalisation.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from linvit.data.base import DataInfo, DatasetNotFound
+from linvit.data.loaders import TorchLoader
+
+SPLIT_DIRS = {"train": "train", "test": "val"}
+
+
+class ImageFolderDataset:
+    install_hint = "Point data.root at a folder with train/ and val/ subfolders, one folder per class."
+
+    def _split_dir(self, root, split) -> Path:
+        if root is None:
+            raise DatasetNotFound(f"imagefolder needs data.root. {self.install_hint}")
+        d = Path(root) / SPLIT_DIRS[split]
+        if not d.is_dir():
+            raise DatasetNotFound(f"imagefolder split {split!r} not found at {d}. {self.install_hint}")
+        return d
+
+    def info(self, root=None, img_size=None) -> DataInfo:
+        from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+        classes = sorted(p.name for p in self._split_dir(root, "train").iterdir() if p.is_dir())
+        return DataInfo(len(classes), 3, img_size or 224, tuple(IMAGENET_DEFAULT_MEAN),
+                        tuple(IMAGENET_DEFAULT_STD), tuple(classes))
+
+    def loader(self, root, split, *, batch_size, train, subset=None, seed=0, rank=0, world=1,
+               img_size=None, workers=4):
+        import torch
+        from timm.data import create_transform
+        from torchvision.datasets import ImageFolder
+
+        info = self.info(root, img_size)
+        transform = create_transform(info.img_size, is_training=train, mean=info.mean,
+                                     std=info.std)
+        ds = ImageFolder(str(self._split_dir(root, split)), transform=transform)
+        if subset is not None and subset < len(ds):
+            from linvit.data.base import subset_indices
+            ds = torch.utils.data.Subset(ds, subset_indices(len(ds), subset).tolist())
+        return TorchLoader(ds, batch_size, shuffle=train, seed=seed, rank=rank, world=world,
+                           workers=workers)

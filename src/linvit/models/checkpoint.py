@@ -1,0 +1,160 @@
+"""Model checkpoints: safetensors files carrying their own ModelSpec, strict loading with a report.
+
+Nothing here unpickles arbitrary objects: safetensors holds only tensors, and foreign .pth/.bin
+files are read with torch.load(weights_only=True).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorsError
+from safetensors.torch import load_file, safe_open, save_file
+from torch import nn
+
+from linvit.io import write_atomic
+from linvit.models.vit import ModelSpec, create_vit, set_token_layout
+
+SPEC_KEY = "linvit_spec"
+TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+# Wrappers that training scripts (DeiT, MAE, timm's train.py, Lightning) put around a state dict.
+WRAPPER_KEYS = ("model", "state_dict", "model_ema", "state_dict_ema", "module")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used as asked; the message names what is wrong."""
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    if path.suffix == ".safetensors":
+        try:
+            return load_file(str(path))
+        except (SafetensorsError, OSError) as e:
+            raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+    if path.suffix not in TORCH_SUFFIXES:
+        raise CheckpointError(f"{path}: unknown checkpoint format {path.suffix!r}; expected "
+                              f".safetensors or one of {', '.join(TORCH_SUFFIXES)}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises UnpicklingError and friends
+        raise CheckpointError(f"{path}: cannot be read with weights_only=True (it may hold "
+                              f"pickled code, which linvit refuses to run): {e}") from None
+    return _unwrap(obj, path)
+
+
+def _unwrap(obj, path: Path) -> dict[str, torch.Tensor]:
+    while isinstance(obj, dict):
+        inner = next((obj[k] for k in WRAPPER_KEYS if isinstance(obj.get(k), dict)), None)
+        if inner is None:
+            break
+        obj = inner
+    if not isinstance(obj, dict) or not obj:
+        raise CheckpointError(f"{path}: holds no state dict")
+    bad = [k for k, v in obj.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise CheckpointError(f"{path}: entries that are not tensors: {bad[:5]}")
+    return {k.removeprefix("module."): v for k, v in obj.items()}
+
+
+def mismatch_report(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, list]:
+    own = model.state_dict()
+    return {
+        "missing": sorted(set(own) - set(state_dict)),
+        "unexpected": sorted(set(state_dict) - set(own)),
+        "shape": sorted(f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
+                        for k, v in own.items()
+                        if k in state_dict and state_dict[k].shape != v.shape),
+    }
+
+
+def load_strict(model: nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """Load every tensor or fail naming each missing, unexpected and mis-shaped key."""
+    report = mismatch_report(model, state_dict)
+    problems = [f"{kind} ({len(keys)}): {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}"
+                for kind, keys in report.items() if keys]
+    if problems:
+        raise CheckpointError(f"{source} does not fit the model:\n  " + "\n  ".join(problems))
+    model.load_state_dict(state_dict, strict=True)
+
+
+def save_model(model: nn.Module, path: str | Path, metadata: dict | None = None) -> None:
+    spec: ModelSpec = model.linvit_spec
+    meta = {SPEC_KEY: json.dumps(spec.as_dict(), sort_keys=True)}
+    meta.update({k: json.dumps(v, sort_keys=True) for k, v in (metadata or {}).items()})
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    write_atomic(path, lambda p: save_file(tensors, str(p), metadata=meta))
+
+
+def read_metadata(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = f.metadata() or {}
+    except (SafetensorsError, OSError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+    return {k: json.loads(v) for k, v in raw.items()}
+
+
+def read_spec(path: str | Path) -> ModelSpec:
+    meta = read_metadata(path)
+    if SPEC_KEY not in meta:
+        raise CheckpointError(f"{path}: no linvit model spec in its metadata; import foreign "
+                              "weights with `linvit import-teacher` first")
+    return ModelSpec.from_dict(meta[SPEC_KEY])
+
+
+def load_model(path: str | Path) -> nn.Module:
+    """Rebuild a model from a linvit checkpoint alone."""
+    model = create_vit(read_spec(path))
+    load_strict(model, read_state_dict(path), str(path))
+    return model
+
+
+def import_timm_weights(spec: ModelSpec, file: str | Path | None = None,
+                        reset_head: bool = False) -> tuple[nn.Module, dict]:
+    """A softmax teacher from timm weights: a local file, or timm's own pretrained loader.
+
+    timm's checkpoint_filter_fn translates foreign layouts (original DeiT/JAX names, position
+    embeddings of another grid) before the strict load. Returns the model and an import report.
+    """
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    if spec.operator != "softmax":
+        raise CheckpointError("only softmax teachers are imported from timm weights")
+    model = create_vit(spec)
+    if file is None:
+        return _timm_pretrained(spec), {"source": "timm-pretrained"}
+    state = checkpoint_filter_fn(read_state_dict(file), model)
+    report = {"source": str(file), "reset": []}
+    own = model.state_dict()
+    if reset_head:
+        for key in [k for k in state if k.startswith("head.")]:
+            if state[key].shape != own[key].shape:
+                report["reset"].append(key)
+                state[key] = own[key]
+    load_strict(model, state, str(file))
+    return model, report
+
+
+def _timm_pretrained(spec: ModelSpec) -> nn.Module:
+    # timm itself drops a pretrained head whose class count differs from spec.num_classes.
+    import timm
+
+    from linvit.attention import operator_class
+    from linvit.models.sizes import get_size
+
+    size = get_size(spec.size)
+    if size.timm_name is None:
+        raise CheckpointError(f"size {spec.size!r} has no timm pretrained weights; pass a file")
+    model = timm.create_model(size.timm_name, pretrained=True, num_classes=spec.num_classes,
+                              img_size=spec.img_size, in_chans=spec.in_chans,
+                              attn_layer=operator_class("softmax"))
+    set_token_layout(model)
+    model.linvit_spec = spec
+    return model

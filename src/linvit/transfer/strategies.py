@@ -1,0 +1,63 @@
+"""The init-strategy registry: which component groups a student takes from where.
+
+A strategy names the groups copied from the softmax teacher and the groups taken from a distilled
+student (the teacher with its attention swapped for the student's operator and distilled, see
+linvit.transfer.distill). Everything else starts new (timm's initialisation under the run's seed).
+
+The "stem" (embeddings, norms, head) travels with every copy strategy, so that copy_mlp and
+copy_attn differ from the copy_embed control only by the MLP or attention weights themselves.
+Adding a strategy: one line in STRATEGIES.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from linvit.transfer.groups import check_groups
+
+STEM = frozenset({"embed", "norm", "head"})
+
+
+@dataclass(frozen=True)
+class InitStrategy:
+    name: str
+    copy: frozenset[str]
+    distilled: frozenset[str] = frozenset()
+    description: str = ""
+
+    def __post_init__(self):
+        check_groups(self.copy, f"strategy {self.name}: copy")
+        check_groups(self.distilled, f"strategy {self.name}: distilled")
+        if self.copy & self.distilled:
+            raise ValueError(f"strategy {self.name}: groups both copied and distilled: "
+                             f"{sorted(self.copy & self.distilled)}")
+
+    @property
+    def needs_distilled(self) -> bool:
+        return bool(self.distilled)
+
+    def with_groups(self, copy=None, distilled=None) -> "InitStrategy":
+        """The same strategy with its groups overridden by config (init.copy / init.distilled)."""
+        return InitStrategy(self.name, frozenset(self.copy if copy is None else copy),
+                            frozenset(self.distilled if distilled is None else distilled),
+                            self.description)
+
+
+STRATEGIES: dict[str, InitStrategy] = {s.name: s for s in [
+    InitStrategy("random", frozenset(), description="nothing from the teacher"),
+    InitStrategy("copy_embed", STEM, description="control: embeddings, norms and head only"),
+    InitStrategy("copy_attn", STEM | {"attn"}, description="stem + Q/K/V/proj"),
+    InitStrategy("copy_mlp", STEM | {"mlp"}, description="stem + MLPs"),
+    InitStrategy("copy_all", STEM | {"attn", "mlp"}, description="every tensor the teacher has"),
+    InitStrategy("distill", frozenset(), frozenset({"attn"}),
+                 description="distilled attention, everything else new"),
+    InitStrategy("copy_mlp+distill", STEM | {"mlp"}, frozenset({"attn"}),
+                 description="the paper's recipe: stem + MLPs copied, attention distilled"),
+]}
+
+
+def get_strategy(name: str) -> InitStrategy:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise ValueError(f"unknown init strategy {name!r}; allowed: "
+                         f"{', '.join(STRATEGIES)}") from None
