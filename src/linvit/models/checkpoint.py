@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorsError
+from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
 
@@ -33,7 +33,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         try:
             return load_file(str(path))
-        except (SafetensorsError, OSError) as e:
+        except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
     if path.suffix not in TORCH_SUFFIXES:
         raise CheckpointError(f"{path}: unknown checkpoint format {path.suffix!r}; expected "
@@ -96,7 +96,7 @@ def read_metadata(path: str | Path) -> dict:
     try:
         with safe_open(str(path), framework="pt") as f:
             raw = f.metadata() or {}
-    except (SafetensorsError, OSError) as e:
+    except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
     return {k: json.loads(v) for k, v in raw.items()}
 

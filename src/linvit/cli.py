@@ -1,0 +1,94 @@
+"""`linvit <stage> [-c config.yaml] --out DIR [field.sub=value ...]`
+
+Every stage validates its whole config (types, registry names, input files) before touching data,
+and exits with status 2 and one line naming the problem when it cannot run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+STAGES = {
+    "pretrain": ("train a model from scratch (the softmax teacher, or any operator)",
+                 "linvit.train.stages:run_pretrain"),
+    "import-teacher": ("turn timm ViT weights (local file or timm cache) into a linvit teacher",
+                       "linvit.train.stages:run_import"),
+    "distill": ("layer-wise attention distillation from a softmax teacher",
+                "linvit.transfer.stages:run_distill"),
+    "init": ("build a student with an init strategy and write it with its copied.json",
+             "linvit.transfer.stages:run_init"),
+    "finetune": ("initialise a student with an init strategy, then fine-tune it",
+                 "linvit.train.stages:run_finetune"),
+    "evaluate": ("evaluate a checkpoint on a dataset's test split",
+                 "linvit.train.stages:run_evaluate"),
+}
+CONFIG_OF = {"init": "finetune"}
+
+
+def _resolve(target: str):
+    import importlib
+
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="linvit", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, _) in STAGES.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("-c", "--config", help="YAML config (fields as in linvit.config)")
+        p.add_argument("-o", "--out", required=True, help="output folder of this run")
+        p.add_argument("overrides", nargs="*", metavar="field=value",
+                       help="dotted overrides, e.g. optim.lr=3e-4 model.operator=focused")
+    demo = sub.add_parser("demo", help="the README's end-to-end transfer on Fashion-MNIST")
+    demo.add_argument("-o", "--out", default="results/demo")
+    demo.add_argument("--operator", default="linear")
+    sub.add_parser("list", help="print every registry: operators, sizes, strategies, ...")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from linvit.config import STAGE_CONFIGS, ConfigError, load_config
+    from linvit.data import DatasetNotFound
+    from linvit.models import CheckpointError
+
+    try:
+        if args.command == "list":
+            print_registries()
+            return 0
+        if args.command == "demo":
+            from linvit.demo import run_demo
+            run_demo(args.out, args.operator)
+            return 0
+        cfg = load_config(STAGE_CONFIGS[CONFIG_OF.get(args.command, args.command)], args.config,
+                          args.overrides)
+        metrics = _resolve(STAGES[args.command][1])(cfg, args.out)
+    except (ConfigError, DatasetNotFound, CheckpointError) as e:
+        print(f"linvit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    brief = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
+    print(json.dumps(brief, indent=1, sort_keys=True))
+    return 0
+
+
+def print_registries() -> None:
+    from linvit.attention import OPERATORS
+    from linvit.data import DATASETS
+    from linvit.models import SIZES
+    from linvit.transfer.losses import LOSSES
+    from linvit.transfer.strategies import STRATEGIES
+
+    print("operators:  ", ", ".join(OPERATORS))
+    print("sizes:      ", ", ".join(SIZES))
+    print("datasets:   ", ", ".join(DATASETS))
+    print("losses:     ", ", ".join(f"{n} ({l.target})" for n, l in LOSSES.items()))
+    print("strategies:")
+    for s in STRATEGIES.values():
+        print(f"  {s.name:18s} copy={sorted(s.copy)} distilled={sorted(s.distilled)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

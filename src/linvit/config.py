@@ -1,0 +1,348 @@
+"""Typed, validated configs for every CLI stage: YAML file + dotted overrides -> dataclasses.
+
+Everything a run needs is checked here, before any data is read or any tensor is allocated:
+unknown fields, wrong types, unknown registry names (with the allowed values), missing files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from linvit.attention import OPERATORS
+from linvit.data import DATASETS
+from linvit.models import SIZES
+from linvit.transfer.groups import GROUPS
+from linvit.transfer.losses import LOSSES
+from linvit.transfer.strategies import STRATEGIES
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the field."""
+
+
+def _one_of(path: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{path}: {value!r} is not one of: {', '.join(map(str, allowed))}")
+
+
+def _positive(path: str, value, allow_zero: bool = False) -> None:
+    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+        raise ConfigError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _existing_file(path: str, value) -> None:
+    if value is not None and not Path(value).is_file():
+        raise ConfigError(f"{path}: file not found: {value}")
+
+
+@dataclass
+class ModelCfg:
+    size: str | None = "cpu96"      # None in distill/finetune: the teacher's size
+    operator: str = "softmax"
+    operator_options: dict[str, float] = field(default_factory=dict)
+    drop_path: float = 0.0
+
+    def validate(self, p: str) -> None:
+        if self.size is not None:
+            _one_of(f"{p}.size", self.size, SIZES)
+        _one_of(f"{p}.operator", self.operator, OPERATORS)
+        unknown = sorted(set(self.operator_options) - set(OPERATORS[self.operator].options))
+        if unknown:
+            allowed = ", ".join(OPERATORS[self.operator].options) or "none"
+            raise ConfigError(f"{p}.operator_options: {unknown} not options of "
+                              f"{self.operator!r} (allowed: {allowed})")
+        if not 0 <= self.drop_path < 1:
+            raise ConfigError(f"{p}.drop_path: must be in [0, 1), got {self.drop_path}")
+
+
+@dataclass
+class DataCfg:
+    dataset: str = "fashion_mnist"
+    root: str | None = None
+    img_size: int | None = None       # folder datasets only
+    train_subset: int | None = None   # a fixed random subset (the same for every run)
+    test_subset: int | None = None
+    batch_size: int = 128             # global, over all processes
+    eval_batch_size: int = 500
+    workers: int = 4                  # folder datasets only
+
+    def validate(self, p: str) -> None:
+        _one_of(f"{p}.dataset", self.dataset, DATASETS)
+        for name in ("img_size", "train_subset", "test_subset", "batch_size", "eval_batch_size"):
+            _positive(f"{p}.{name}", getattr(self, name))
+        _positive(f"{p}.workers", self.workers, allow_zero=True)
+
+
+@dataclass
+class OptimCfg:
+    opt: str = "adamw"                # any timm optimizer name
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    epochs: int = 10
+    warmup_epochs: int = 1
+    sched: str = "cosine"             # any timm scheduler name
+    min_lr: float = 1e-5
+    warmup_lr: float = 1e-6
+    label_smoothing: float = 0.1
+    clip_grad: float | None = None
+
+    def validate(self, p: str) -> None:
+        _positive(f"{p}.lr", self.lr)
+        _positive(f"{p}.epochs", self.epochs)
+        for name in ("weight_decay", "warmup_epochs", "min_lr", "warmup_lr"):
+            _positive(f"{p}.{name}", getattr(self, name), allow_zero=True)
+        if self.warmup_epochs >= self.epochs and self.warmup_epochs:
+            raise ConfigError(f"{p}.warmup_epochs: {self.warmup_epochs} leaves no epoch after "
+                              f"warm-up (epochs={self.epochs})")
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError(f"{p}.label_smoothing: must be in [0, 1)")
+        _positive(f"{p}.clip_grad", self.clip_grad)
+        from timm.optim import list_optimizers
+        _one_of(f"{p}.opt", self.opt, list_optimizers())
+        _one_of(f"{p}.sched", self.sched, ("cosine", "tanh", "step", "multistep", "plateau",
+                                            "poly", "const"))
+
+
+@dataclass
+class RunCfg:
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    amp: bool = True                  # bf16 autocast on CUDA; CPU runs stay in float32
+    threads: int | None = None        # torch intra-op threads (None: torch's default)
+    progress: bool = True
+    eval_every: int = 1               # evaluate on the test split every k epochs (0: at the end)
+
+    def validate(self, p: str) -> None:
+        _positive(f"{p}.threads", self.threads)
+        _positive(f"{p}.eval_every", self.eval_every, allow_zero=True)
+
+
+@dataclass
+class DistillCfg:
+    losses: dict[str, float] = field(default_factory=lambda: {"attn_out_mse": 1.0})
+    layers: list[int] | None = None   # None: every block
+    train: list[str] = field(default_factory=lambda: ["attn"])   # groups that learn
+    attn_init: Literal["random", "teacher"] = "random"   # student attention before distilling
+    temperature: float = 1.0          # logit_kd only
+
+    def validate(self, p: str) -> None:
+        if not self.losses or not any(self.losses.values()):
+            raise ConfigError(f"{p}.losses: give at least one loss with a non-zero weight "
+                              f"(allowed: {', '.join(LOSSES)})")
+        for name, w in self.losses.items():
+            _one_of(f"{p}.losses", name, LOSSES)
+            _positive(f"{p}.losses.{name}", w, allow_zero=True)
+        for g in self.train:
+            _one_of(f"{p}.train", g, GROUPS)
+        if not self.train:
+            raise ConfigError(f"{p}.train: name at least one group to train")
+        _positive(f"{p}.temperature", self.temperature)
+
+
+@dataclass
+class InitCfg:
+    strategy: str = "copy_mlp+distill"
+    copy: list[str] | None = None         # override the strategy's copied groups
+    distilled: list[str] | None = None    # override the strategy's distilled groups
+
+    def validate(self, p: str) -> None:
+        _one_of(f"{p}.strategy", self.strategy, STRATEGIES)
+        for name in ("copy", "distilled"):
+            for g in getattr(self, name) or []:
+                _one_of(f"{p}.{name}", g, GROUPS)
+
+    def resolve(self):
+        return STRATEGIES[self.strategy].with_groups(self.copy, self.distilled)
+
+
+@dataclass
+class KDCfg:
+    weight: float = 0.0               # share of the loss given to logit KD from the teacher
+    temperature: float = 1.0
+
+    def validate(self, p: str) -> None:
+        if not 0 <= self.weight <= 1:
+            raise ConfigError(f"{p}.weight: must be in [0, 1], got {self.weight}")
+        _positive(f"{p}.temperature", self.temperature)
+
+
+@dataclass
+class PretrainConfig:
+    model: ModelCfg = field(default_factory=ModelCfg)
+    data: DataCfg = field(default_factory=DataCfg)
+    optim: OptimCfg = field(default_factory=OptimCfg)
+    run: RunCfg = field(default_factory=RunCfg)
+
+    def validate(self, p: str) -> None:
+        if self.model.size is None:
+            raise ConfigError("model.size: required for pretraining")
+
+
+@dataclass
+class DistillConfig:
+    teacher: str | None = None
+    model: ModelCfg = field(default_factory=lambda: ModelCfg(size=None, operator="linear"))
+    data: DataCfg = field(default_factory=DataCfg)
+    optim: OptimCfg = field(default_factory=lambda: OptimCfg(epochs=1, warmup_epochs=0,
+                                                             weight_decay=0.0))
+    distill: DistillCfg = field(default_factory=DistillCfg)
+    run: RunCfg = field(default_factory=RunCfg)
+
+    def validate(self, p: str) -> None:
+        if self.teacher is None:
+            raise ConfigError("teacher: required (a softmax teacher's model.safetensors)")
+        _existing_file("teacher", self.teacher)
+
+
+@dataclass
+class FinetuneConfig:
+    teacher: str | None = None
+    distilled: str | None = None
+    init: InitCfg = field(default_factory=InitCfg)
+    model: ModelCfg = field(default_factory=lambda: ModelCfg(size=None, operator="linear"))
+    data: DataCfg = field(default_factory=DataCfg)
+    optim: OptimCfg = field(default_factory=OptimCfg)
+    kd: KDCfg = field(default_factory=KDCfg)
+    run: RunCfg = field(default_factory=RunCfg)
+
+    def validate(self, p: str) -> None:
+        if self.teacher is None:
+            raise ConfigError("teacher: required (the softmax teacher's model.safetensors; "
+                              "strategy 'random' uses it for the model shape)")
+        _existing_file("teacher", self.teacher)
+        _existing_file("distilled", self.distilled)
+        if self.init.resolve().needs_distilled and self.distilled is None:
+            raise ConfigError(f"distilled: strategy {self.init.strategy!r} needs a distilled "
+                              "student (the output of `linvit distill`)")
+
+
+@dataclass
+class EvaluateConfig:
+    checkpoint: str | None = None
+    data: DataCfg = field(default_factory=DataCfg)
+    run: RunCfg = field(default_factory=RunCfg)
+
+    def validate(self, p: str) -> None:
+        if self.checkpoint is None:
+            raise ConfigError("checkpoint: required")
+        _existing_file("checkpoint", self.checkpoint)
+
+
+@dataclass
+class ImportConfig:
+    size: str = "deit_t"
+    file: str | None = None           # None: timm's pretrained loader (cache or network)
+    reset_head: bool = False          # new head when the class count differs
+    data: DataCfg = field(default_factory=lambda: DataCfg(dataset="imagefolder"))
+
+    def validate(self, p: str) -> None:
+        _one_of("size", self.size, SIZES)
+        _existing_file("file", self.file)
+
+
+STAGE_CONFIGS = {"pretrain": PretrainConfig, "distill": DistillConfig, "finetune": FinetuneConfig,
+                 "evaluate": EvaluateConfig, "import-teacher": ImportConfig}
+
+
+# --- generic machinery -------------------------------------------------------------------------
+def parse_overrides(items: list[str]) -> dict:
+    """['optim.lr=3e-4', 'distill.layers=[0,1]'] -> nested dict; values parsed as YAML."""
+    out: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. optim.lr=3e-4")
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part} is set twice")
+        node[leaf] = yaml.safe_load(raw) if raw.strip() else None
+    return out
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    merged = dict(base)
+    for k, v in over.items():
+        both = isinstance(v, dict) and isinstance(merged.get(k), dict)
+        merged[k] = deep_merge(merged[k], v) if both else v
+    return merged
+
+
+def load_config(cls, path: str | Path | None = None, overrides: list[str] = ()) -> Any:
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of fields")
+    return build(cls, deep_merge(data, parse_overrides(list(overrides))))
+
+
+def build(cls, data: dict, path: str = "") -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{path}{unknown[0]}: unknown field; allowed: {', '.join(fields)}")
+    kwargs = {name: _coerce(hints[name], data[name], f"{path}{name}")
+              for name in fields if name in data}
+    obj = cls(**kwargs)
+    for name in fields:                       # validate children first, then the whole
+        child = getattr(obj, name)
+        if dataclasses.is_dataclass(child) and hasattr(child, "validate"):
+            child.validate(f"{path}{name}")
+    if hasattr(obj, "validate") and not path:
+        obj.validate("")
+    return obj
+
+
+def _coerce(tp, value, path: str):
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, path)
+    if origin is Literal:
+        _one_of(path, value, args)
+        return value
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value if value is not None else {}, f"{path}.")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        return [_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return {str(k): _coerce(args[1], v, f"{path}.{k}") for k, v in value.items()}
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        try:                                  # YAML 1.1 reads "3e-4" (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
+    # bool is a subclass of int in Python; `epochs: true` must still be rejected.
+    if not isinstance(value, tp) or (tp in (int, float) and isinstance(value, bool)):
+        raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)

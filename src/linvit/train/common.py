@@ -1,0 +1,78 @@
+"""Pieces every training stage shares: loaders from a DataCfg, starting a run, finishing one."""
+from __future__ import annotations
+
+import json
+import logging
+
+from torch import nn
+
+from linvit.config import to_dict
+from linvit.data import get_dataset
+from linvit.io import write_json
+from linvit.models import save_model
+from linvit.train.loop import evaluate
+from linvit.train.rundir import RunDir
+from linvit.train.runtime import Runtime, seed_everything, setup_runtime
+
+log = logging.getLogger("linvit")
+
+
+def make_loaders(data_cfg, rt: Runtime):
+    ds = get_dataset(data_cfg.dataset)
+    info = ds.info(data_cfg.root, data_cfg.img_size)
+    common = dict(seed=rt.seed, rank=rt.rank, world=rt.world, img_size=data_cfg.img_size,
+                  workers=data_cfg.workers)
+    train = ds.loader(data_cfg.root, "train", batch_size=data_cfg.batch_size, train=True,
+                      subset=data_cfg.train_subset, **common)
+    test = ds.loader(data_cfg.root, "test", batch_size=data_cfg.eval_batch_size, train=False,
+                     subset=data_cfg.test_subset, **common)
+    log.info("data %s: %d train / %d test samples, %d classes", data_cfg.dataset,
+             train.num_samples, test.num_samples, info.num_classes)
+    return info, train, test
+
+
+def start_run(cfg, out, stage: str) -> tuple[Runtime, RunDir]:
+    rt = setup_runtime(cfg.run)
+    seed_everything(cfg.run.seed)
+    run = RunDir(out, stage, to_dict(cfg))
+    run.prepare(rt.is_main)
+    return rt, run
+
+
+def evaluate_init(model: nn.Module, loader, rt: Runtime, run: RunDir, num_classes: int,
+                  enabled: bool) -> dict | None:
+    """Accuracy of the model as initialised, measured once per run (kept across resumes)."""
+    path = run.path / "init_metrics.json"
+    if not enabled:
+        return None
+    if path.is_file():
+        return json.loads(path.read_text())
+    result = evaluate(model, loader, rt, num_classes)
+    result.pop("per_class_acc")
+    if rt.is_main:
+        write_json(path, result)
+    return result
+
+
+def finish_training(run: RunDir, rt: Runtime, model: nn.Module, history: list[dict],
+                    extra: dict) -> dict:
+    final = {k.removeprefix("test_"): v for k, v in history[-1].items() if k.startswith("test_")}
+    metrics = {
+        **final,
+        "epochs": history[-1]["epoch"],
+        "train_time_s": sum(r["train_time_s"] for r in history),
+        "train_img_per_s": sum(r["train_img_per_s"] for r in history) / len(history),
+        "params": sum(p.numel() for p in model.parameters()),
+        "spec": model.linvit_spec.as_dict(),
+        **extra,
+    }
+    if rt.is_main:
+        save_model(model, run.model)
+        metrics = run.finish(metrics)
+    rt.barrier()
+    return metrics
+
+
+def completed_metrics(run: RunDir) -> dict:
+    log.info("%s is complete already; nothing to do", run.path)
+    return json.loads(run.metrics.read_text())

@@ -1,0 +1,84 @@
+"""Where a run executes: device, process group, precision, seeding.
+
+One process on the CPU or one GPU by default; under `torchrun` the same code joins a process group
+(gloo on CPU, nccl on GPU) and every stage trains with DistributedDataParallel.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    amp_dtype: torch.dtype | None = None
+    seed: int = 0
+    progress: bool = True
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.distributed:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+
+def setup_runtime(run_cfg) -> Runtime:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    want = run_cfg.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("run.device=cuda but torch sees no CUDA device")
+    use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if run_cfg.threads:
+        torch.set_num_threads(run_cfg.threads)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
+    amp = torch.bfloat16 if use_cuda and run_cfg.amp else None
+    return Runtime(device, rank, world, local_rank, amp, run_cfg.seed, run_cfg.progress)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """The global RNG (dropout, drop-path) is reseeded from (seed, epoch, rank) at each epoch, so a
+    resumed run draws exactly what an uninterrupted one would, for any number of processes."""
+    return (seed * 1_000_003 + epoch * 7_919 + rank) % 2**63
+
+
+def teardown(rt: Runtime) -> None:
+    if rt.distributed and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,62 @@
+"""Stage entry points that train or evaluate a classifier from scratch: pretrain, evaluate, import.
+
+Each takes a validated config and an output folder and leaves config.yaml, run.log, train.jsonl,
+model.safetensors and metrics.json there (see linvit.train.rundir).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from linvit.config import ConfigError, EvaluateConfig, ImportConfig, PretrainConfig
+from linvit.models import ModelSpec, create_vit, load_model, save_model
+from linvit.train.common import completed_metrics, finish_training, make_loaders, start_run
+from linvit.train.loop import evaluate
+from linvit.train.objectives import ClassificationObjective
+from linvit.train.rundir import RunDir
+from linvit.train.trainer import fit
+
+log = logging.getLogger("linvit")
+
+
+def run_pretrain(cfg: PretrainConfig, out) -> dict:
+    rt, run = start_run(cfg, out, "pretrain")
+    if run.complete():
+        return completed_metrics(run)
+    info, train_loader, test_loader = make_loaders(cfg.data, rt)
+    spec = ModelSpec(cfg.model.size, cfg.model.operator, info.num_classes, info.img_size,
+                     info.in_chans, dict(cfg.model.operator_options), cfg.model.drop_path)
+    model = create_vit(spec).to(rt.device)
+    objective = ClassificationObjective(model, cfg.optim.label_smoothing)
+    history = fit(objective, model, train_loader, cfg.optim, run, rt,
+                  evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
+                  eval_every=cfg.run.eval_every, identity=run.config)
+    return finish_training(run, rt, model, history, {})
+
+
+def run_evaluate(cfg: EvaluateConfig, out) -> dict:
+    rt, run = start_run(cfg, out, "evaluate")
+    info, _, test_loader = make_loaders(cfg.data, rt)
+    model = load_model(cfg.checkpoint).to(rt.device)
+    spec: ModelSpec = model.linvit_spec
+    if spec.num_classes != info.num_classes:
+        raise ConfigError(f"checkpoint has {spec.num_classes} classes, dataset "
+                          f"{cfg.data.dataset!r} has {info.num_classes}")
+    metrics = evaluate(model, test_loader, rt, info.num_classes)
+    return run.finish({**metrics, "checkpoint": cfg.checkpoint, "spec": spec.as_dict()})
+
+
+def run_import(cfg: ImportConfig, out) -> dict:
+    """Turn timm weights (a local file, or timm's pretrained loader) into a linvit teacher."""
+    from linvit.data import get_dataset
+    from linvit.models.checkpoint import import_timm_weights
+
+    info = get_dataset(cfg.data.dataset).info(cfg.data.root, cfg.data.img_size)
+    spec = ModelSpec(cfg.size, "softmax", info.num_classes, info.img_size, info.in_chans)
+    run = RunDir(out, "import-teacher", {"size": cfg.size, "file": cfg.file,
+                                          "reset_head": cfg.reset_head})
+    run.prepare()
+    model, report = import_timm_weights(spec, cfg.file, cfg.reset_head)
+    save_model(model, run.model)
+    return run.finish({"import": report, "spec": spec.as_dict()})

@@ -1,0 +1,78 @@
+"""fit(): epochs of train_one_epoch with timm's optimizer and scheduler, checkpoint each epoch,
+resume from the last checkpoint, evaluation on schedule. Used by pretrain, distill and finetune.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from linvit.train.loop import train_one_epoch
+from linvit.train.rundir import RunDir
+from linvit.train.runtime import Runtime, epoch_seed
+from linvit.train.state import load_state, save_state
+
+log = logging.getLogger("linvit")
+
+
+def build_optimizer(model: nn.Module, cfg, updates_per_epoch: int):
+    # timm skips frozen parameters and exempts biases, norms and model.no_weight_decay() from
+    # weight decay.
+    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler, _ = create_scheduler_v2(optimizer, sched=cfg.sched, num_epochs=cfg.epochs,
+                                       warmup_epochs=cfg.warmup_epochs, warmup_lr=cfg.warmup_lr,
+                                       min_lr=cfg.min_lr, step_on_epochs=False,
+                                       updates_per_epoch=updates_per_epoch)
+    return optimizer, scheduler
+
+
+def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: RunDir,
+        rt: Runtime, *, evaluate_fn: Callable[[], dict], eval_every: int = 1,
+        on_backward: Callable[[], None] | None = None, find_unused: bool = False,
+        identity: dict | None = None) -> list[dict]:
+    """Train `model` (inside `objective`) for optim_cfg.epochs; returns the per-epoch history,
+    whose last record holds the final evaluation (test_* keys).
+
+    `identity` is stored in each checkpoint and must match on resume, so a checkpoint is never
+    continued under another config.
+    """
+    optimizer, scheduler = build_optimizer(model, optim_cfg, len(train_loader))
+    params = [p for p in model.parameters() if p.requires_grad]
+    identity = identity or {}
+    start, history = 0, []
+    if run.checkpoint.is_file():
+        start, history = load_state(run.checkpoint, model, optimizer, scheduler, identity)
+        log.info("resuming %s after epoch %d of %d", run.path, start, optim_cfg.epochs)
+    module = objective
+    if rt.distributed:
+        module = DistributedDataParallel(
+            objective, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
+            find_unused_parameters=find_unused)
+    for epoch in range(start, optim_cfg.epochs):
+        torch.manual_seed(epoch_seed(rt.seed, epoch, rt.rank))
+        stats = train_one_epoch(module, train_loader, optimizer, scheduler, epoch, rt,
+                                params=params, clip_grad=optim_cfg.clip_grad,
+                                on_backward=on_backward)
+        last = epoch + 1 == optim_cfg.epochs
+        if last or (eval_every and (epoch + 1) % eval_every == 0):
+            evaluation = evaluate_fn()
+            if not last:                      # keep per-epoch lines short
+                evaluation.pop("per_class_acc", None)
+            stats.update({f"test_{k}": v for k, v in evaluation.items()})
+        history.append({"epoch": epoch + 1, **stats})
+        log.info("epoch %d/%d %s", epoch + 1, optim_cfg.epochs, _brief(history[-1]))
+        if rt.is_main:
+            save_state(run.checkpoint, model, optimizer, scheduler, epoch + 1, history, identity)
+            run.write_history(history)
+        rt.barrier()
+    return history
+
+
+def _brief(record: dict) -> str:
+    keys = [k for k in record if k in ("train_loss", "lr", "test_top1", "train_img_per_s")]
+    return " ".join(f"{k}={record[k]:.4g}" for k in keys)

@@ -1,0 +1,142 @@
+"""Layer-wise, teacher-forced attention distillation.
+
+The distillation student is the teacher with its attention swapped for the student operator:
+every block of the student sees the teacher's own input to that block, so all layers learn in
+parallel from one teacher forward pass, and errors do not compound through depth.
+
+Per layer l, with x_l the teacher's block input and h_l = norm1(x_l) its attention input:
+    attn_out   student.attn(h_l)         vs teacher.attn(h_l)
+    attn_map   student map on h_l        vs teacher softmax map on h_l
+    block_out  student.block(x_l)        vs teacher.block(x_l)
+and logits compares the student's own full forward pass with the teacher's.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from linvit.transfer.groups import group_of
+from linvit.transfer.losses import get_loss
+
+
+class DistillObjective(nn.Module):
+    def __init__(self, student: nn.Module, teacher: nn.Module, weights: dict[str, float],
+                 layers: list[int] | None = None, temperature: float = 1.0):
+        super().__init__()
+        self.student = student
+        self.teacher = teacher.requires_grad_(False).eval()
+        depth = len(student.blocks)
+        self.layers = list(range(depth)) if layers is None else list(layers)
+        bad = [l for l in self.layers if not 0 <= l < depth]
+        if bad:
+            raise ValueError(f"distill.layers: {bad} outside 0..{depth - 1}")
+        self.losses = [(get_loss(name), w) for name, w in weights.items() if w]
+        self.targets = {loss.target for loss, _ in self.losses}
+        self.temperature = temperature
+        self._trace: dict = {}
+        for l in self.layers:
+            block = self.teacher.blocks[l]
+            block.register_forward_pre_hook(self._keep(("block_in", l), arg=True))
+            block.register_forward_hook(self._keep(("block_out", l)))
+            block.attn.register_forward_hook(self._keep(("attn_in", l), arg=True))
+            block.attn.register_forward_hook(self._keep(("attn_out", l)))
+
+    def _keep(self, key, arg: bool = False):
+        if arg:
+            def pre(module, args, *rest):
+                self._trace[key] = args[0]
+            return pre
+
+        def post(module, args, output):
+            self._trace[key] = output
+        return post
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+    @torch.no_grad()
+    def teacher_trace(self, images: torch.Tensor) -> dict:
+        self._trace = {}
+        logits = self.teacher(images)
+        trace, self._trace = self._trace, {}
+        trace["logits"] = logits
+        if "attn_map" in self.targets:
+            for l in self.layers:
+                attn = self.teacher.blocks[l].attn
+                q, k, _ = attn.project(trace[("attn_in", l)])
+                trace[("attn_map", l)] = attn.attention_map(q, k)
+        return trace
+
+    def student_layer(self, l: int, trace: dict) -> dict:
+        attn = self.student.blocks[l].attn
+        h = trace[("attn_in", l)]
+        out = {}
+        if "attn_map" in self.targets:
+            out["attn_out"], out["attn_map"] = attn.forward_with_map(h)
+        else:
+            out["attn_out"] = attn(h)
+        if "block_out" in self.targets:
+            out["block_out"] = self.student.blocks[l](trace[("block_in", l)])
+        return out
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor | None = None):
+        trace = self.teacher_trace(images)
+        total = torch.zeros((), device=images.device)
+        logs: dict[str, torch.Tensor] = {}
+        per_layer = [(loss, w) for loss, w in self.losses if loss.per_layer]
+        for l in self.layers:
+            s = self.student_layer(l, trace)
+            for loss, w in per_layer:
+                value = loss.fn(s[loss.target], trace[(loss.target, l)])
+                total = total + w * value / len(self.layers)
+                logs[f"{loss.name}/L{l}"] = value.detach()
+            t_out = trace[("attn_out", l)].float()
+            err = (s["attn_out"].detach().float() - t_out).pow(2).sum() / t_out.pow(2).sum()
+            logs[f"rel_err/L{l}"] = err
+        for loss, w in self.losses:
+            if not loss.per_layer:
+                value = loss.fn(self.student(images), trace["logits"],
+                                temperature=self.temperature)
+                total = total + w * value
+                logs[loss.name] = value.detach()
+        return total, logs
+
+
+def freeze_except(model: nn.Module, groups) -> list[str]:
+    """requires_grad only for parameters in `groups`; returns the trainable names."""
+    trainable = []
+    for name, p in model.named_parameters():
+        p.requires_grad_(group_of(name) in groups)
+        if p.requires_grad:
+            trainable.append(name)
+    if not trainable:
+        raise ValueError(f"no parameter of the student belongs to groups {sorted(groups)}")
+    return trainable
+
+
+class GradCensus:
+    """Which entries of each trainable tensor ever received a non-zero gradient.
+
+    A loss that cannot reach a tensor (V and proj under a map-only loss) shows up as 0 here, which
+    is exactly what the loss-design comparison needs to see.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.seen = {n: torch.zeros_like(p, dtype=torch.bool)
+                     for n, p in model.named_parameters() if p.requires_grad}
+
+    def __call__(self) -> None:
+        for name, p in self.model.named_parameters():
+            if p.grad is not None and name in self.seen:
+                self.seen[name] |= p.grad != 0
+
+    def report(self) -> dict:
+        out = {}
+        for name, p in self.model.named_parameters():
+            seen = self.seen.get(name)
+            out[name] = {"group": group_of(name), "trainable": seen is not None,
+                         "grad_fraction": seen.float().mean().item() if seen is not None else 0.0}
+        return out

@@ -1,0 +1,159 @@
+"""Stage entry points of the transfer: `linvit distill`, `linvit init`, `linvit finetune`.
+
+Every output folder holds the common run files (see linvit.train.rundir). init and finetune add
+    copied.json         the init record: every student tensor's group and source (checked)
+distill adds
+    student_init.json   which tensors the distillation student took from the teacher
+    trained.json        per tensor: trainable or frozen, and the share of entries that received
+                        a non-zero gradient (what the chosen losses could actually train)
+model.safetensors is the whole distilled student; init strategies take groups from it.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from linvit.config import ConfigError, DistillConfig, FinetuneConfig
+from linvit.io import write_json
+from linvit.models import ModelSpec, create_vit, load_model, read_spec, read_state_dict, save_model
+from linvit.train.common import (completed_metrics, evaluate_init, finish_training, make_loaders,
+                                 start_run)
+from linvit.train.loop import evaluate
+from linvit.train.objectives import ClassificationObjective
+from linvit.train.trainer import fit
+from linvit.transfer.distill import DistillObjective, GradCensus, freeze_except
+from linvit.transfer.groups import GROUPS
+from linvit.transfer.init import apply_init
+from linvit.transfer.strategies import InitStrategy
+
+log = logging.getLogger("linvit")
+
+
+def student_spec(cfg, teacher_spec: ModelSpec, info) -> ModelSpec:
+    """The student's shape: the teacher's size, the configured operator, the dataset's shape."""
+    size = cfg.model.size or teacher_spec.size
+    if size != teacher_spec.size:
+        raise ConfigError(f"model.size: {size!r} differs from the teacher's {teacher_spec.size!r}")
+    return ModelSpec(size, cfg.model.operator, info.num_classes, info.img_size, info.in_chans,
+                     dict(cfg.model.operator_options), cfg.model.drop_path)
+
+
+def check_distilled(path: str, spec: ModelSpec) -> None:
+    d = read_spec(path)
+    theirs = (d.size, d.operator, d.operator_options)
+    ours = (spec.size, spec.operator, spec.operator_options)
+    if theirs != ours:
+        raise ConfigError(f"distilled: {path} holds (size, operator, options) {theirs}, "
+                          f"the student is {ours}")
+
+
+def distill_student_strategy(attn_init: str) -> InitStrategy:
+    """The teacher with its attention swapped: copy every group, attention only if asked."""
+    copied = set(GROUPS) if attn_init == "teacher" else set(GROUPS) - {"attn"}
+    return InitStrategy(f"distill-student(attn={attn_init})", frozenset(copied))
+
+
+def run_distill(cfg: DistillConfig, out) -> dict:
+    rt, run = start_run(cfg, out, "distill")
+    if run.complete():
+        return completed_metrics(run)
+    info, train_loader, test_loader = make_loaders(cfg.data, rt)
+    teacher = load_model(cfg.teacher)
+    spec = student_spec(cfg, teacher.linvit_spec, info)
+    torch.manual_seed(cfg.run.seed)
+    student = create_vit(spec)
+    record = apply_init(student, distill_student_strategy(cfg.distill.attn_init),
+                        read_state_dict(cfg.teacher))
+    trainable = freeze_except(student, cfg.distill.train)
+    if rt.is_main:
+        write_json(run.path / "student_init.json", record)
+    log.info("distilling %d tensors of groups %s with %s", len(trainable), cfg.distill.train,
+             cfg.distill.losses)
+    teacher.to(rt.device)
+    student.to(rt.device)
+    objective = DistillObjective(student, teacher, cfg.distill.losses, cfg.distill.layers,
+                                 cfg.distill.temperature)
+    census = GradCensus(student)
+
+    def evaluate_student() -> dict:
+        result = evaluate(student, test_loader, rt, info.num_classes)
+        result.update(teacher_forced_errors(objective, test_loader, rt))
+        return result
+
+    init_eval = evaluate_init(student, test_loader, rt, run, info.num_classes,
+                              cfg.run.eval_every > 0 and not run.checkpoint.is_file())
+    history = fit(objective, student, train_loader, cfg.optim, run, rt,
+                  evaluate_fn=evaluate_student, eval_every=cfg.run.eval_every,
+                  on_backward=census, find_unused=True, identity=run.config)
+    if rt.is_main:
+        write_json(run.path / "trained.json", census.report())
+    return finish_training(run, rt, student, history,
+                           {"init": init_eval, "losses": cfg.distill.losses,
+                            "trained_groups": cfg.distill.train})
+
+
+@torch.no_grad()
+def teacher_forced_errors(objective: DistillObjective, loader, rt, max_batches: int = 4) -> dict:
+    """Per-layer distillation losses and relative attention-output errors on held-out images."""
+    objective.eval()
+    sums: dict[str, float] = {}
+    n = 0
+    for i, (images, _) in enumerate(loader.batches(0)):
+        if i == max_batches:
+            break
+        with rt.autocast():
+            _, logs = objective(images.to(rt.device))
+        for k, v in logs.items():
+            sums[k] = sums.get(k, 0.0) + v.item()
+        n += 1
+    return {f"tf_{k}": v / n for k, v in sums.items()}
+
+
+def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:
+    """A new student of the configured operator, initialised by the configured strategy."""
+    spec = student_spec(cfg, read_spec(cfg.teacher), info)
+    if cfg.distilled:
+        check_distilled(cfg.distilled, spec)
+    strategy = cfg.init.resolve()
+    torch.manual_seed(cfg.run.seed)
+    model = create_vit(spec)
+    record = apply_init(model, strategy, read_state_dict(cfg.teacher),
+                        read_state_dict(cfg.distilled) if cfg.distilled else None)
+    record["sources"] = {"teacher": cfg.teacher, "distilled": cfg.distilled}
+    log.info("init %s: %s", strategy.name, record["summary"])
+    return model, record
+
+
+def run_init(cfg: FinetuneConfig, out) -> dict:
+    rt, run = start_run(cfg, out, "init")
+    info, _, test_loader = make_loaders(cfg.data, rt)
+    model, record = build_student(cfg, info)
+    write_json(run.path / "copied.json", record)
+    save_model(model, run.model)
+    init_eval = evaluate_init(model.to(rt.device), test_loader, rt, run, info.num_classes,
+                              cfg.run.eval_every > 0)
+    return run.finish({"strategy": record["strategy"], "copied": record["summary"],
+                       "init": init_eval, "spec": model.linvit_spec.as_dict()})
+
+
+def run_finetune(cfg: FinetuneConfig, out) -> dict:
+    rt, run = start_run(cfg, out, "finetune")
+    if run.complete():
+        return completed_metrics(run)
+    info, train_loader, test_loader = make_loaders(cfg.data, rt)
+    model, record = build_student(cfg, info)
+    if rt.is_main:
+        write_json(run.path / "copied.json", record)
+    model.to(rt.device)
+    teacher = load_model(cfg.teacher).to(rt.device) if cfg.kd.weight else None
+    objective = ClassificationObjective(model, cfg.optim.label_smoothing, teacher,
+                                        cfg.kd.weight, cfg.kd.temperature)
+    init_eval = evaluate_init(model, test_loader, rt, run, info.num_classes,
+                              cfg.run.eval_every > 0 and not run.checkpoint.is_file())
+    history = fit(objective, model, train_loader, cfg.optim, run, rt,
+                  evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
+                  eval_every=cfg.run.eval_every, identity=run.config)
+    return finish_training(run, rt, model, history,
+                           {"strategy": record["strategy"], "init": init_eval,
+                            "copied": record["summary"]})

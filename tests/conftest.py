@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from linvit.models import ModelSpec, create_vit
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def synthetic_mnist(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """28x28 images whose class is a bright bar at one of 10 positions, plus noise: learnable in
+    a few steps, so end-to-end tests can check that training does something."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, n)
+    images = rng.integers(0, 60, (n, 28, 28))
+    for i, c in enumerate(labels):
+        row = 2 + 2 * c
+        images[i, row:row + 3, 4:24] = 230
+    return images.astype(np.uint8), labels.astype(np.uint8)
+
+
+@pytest.fixture(scope="session")
+def mnist_root(tmp_path_factory) -> Path:
+    """A Fashion-MNIST-layout folder (IDX, gzipped) of synthetic data: 512 train / 256 test."""
+    root = tmp_path_factory.mktemp("fmnist")
+    for split, n, seed in (("train", 512, 0), ("t10k", 256, 1)):
+        images, labels = synthetic_mnist(n, seed)
+        write_idx(root / f"{split}-images-idx3-ubyte.gz", images)
+        write_idx(root / f"{split}-labels-idx1-ubyte.gz", labels)
+    return root
+
+
+@pytest.fixture
+def tiny_spec() -> ModelSpec:
+    return ModelSpec("cpu96", "softmax", num_classes=10, img_size=28, in_chans=1)
+
+
+def make_model(spec: ModelSpec, operator: str = "softmax", seed: int = 0):
+    torch.manual_seed(seed)
+    return create_vit(spec.with_operator(operator))
+
+
+def perturb(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
+    """Give every tensor (norms and biases too) values no fresh init produces, like a trained net."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.state_dict().values():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model

@@ -1,0 +1,122 @@
+"""Every registered operator: map x V equals the fast path, finite forward/backward, timm fit."""
+from __future__ import annotations
+
+import pytest
+import torch
+from timm.models.vision_transformer import Attention
+
+from linvit.attention import OPERATORS, get_operator, operator_class
+from linvit.ops.linear_attention import (injective_linear_attention_map,
+                                         normalized_linear_attention_map)
+
+ALL = list(OPERATORS)
+HEAD_DIM, HEADS, TOKENS = 24, 3, 50          # awkward on purpose: N=50 = cls + 7x7, d=24
+
+
+def make_op(name, seed=0, **kw):
+    torch.manual_seed(seed)
+    op = get_operator(name)(HEAD_DIM * HEADS, num_heads=HEADS, qkv_bias=True, **kw)
+    with torch.no_grad():                     # move operator-specific params off their init
+        for n, p in op.named_parameters():
+            if n in op.operator_specific_parameters():
+                p.add_(0.1 * torch.randn_like(p))
+    return op.double()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_fast_path_equals_explicit_map_times_v(name):
+    op = make_op(name)
+    x = torch.randn(2, TOKENS, HEAD_DIM * HEADS, dtype=torch.float64)
+    q, k, v = op.project(x)
+    fast = op.global_mix(q, k, v)
+    attn_map = op.attention_map(q, k)
+    assert attn_map.shape == (2, HEADS, TOKENS, TOKENS)
+    explicit = attn_map.to(v.dtype) @ v
+    # maps are formed in float32 (see linvit.ops), hence the float32-level tolerance
+    torch.testing.assert_close(fast.to(explicit.dtype), explicit, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_forward_with_map_matches_forward(name):
+    op = make_op(name).eval()
+    x = torch.randn(2, TOKENS, HEAD_DIM * HEADS, dtype=torch.float64)
+    out, attn_map = op.forward_with_map(x)
+    torch.testing.assert_close(out, op(x), rtol=1e-4, atol=1e-5)
+    assert attn_map.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("kind", ["zeros", "large", "normal"])
+def test_forward_backward_finite(name, kind):
+    op = make_op(name).float()
+    x = {"zeros": torch.zeros, "normal": torch.randn,
+         "large": lambda *s: 200 * torch.randn(*s)}[kind](2, TOKENS, HEAD_DIM * HEADS)
+    x.requires_grad_(True)
+    out, attn_map = op.forward_with_map(x)
+    (out.square().mean() + attn_map.square().mean()).backward()
+    assert torch.isfinite(out).all() and torch.isfinite(attn_map).all()
+    assert torch.isfinite(x.grad).all()
+    for n, p in op.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), n
+
+
+def test_normalised_maps_are_row_stochastic_even_when_features_underflow():
+    phi = torch.rand(1, 2, 10, 4)
+    assert torch.allclose(normalized_linear_attention_map(phi, phi).sum(-1), torch.ones(1, 2, 10))
+    zero = torch.zeros(1, 2, 10, 4)          # every feature underflowed: output 0, not NaN
+    assert torch.equal(normalized_linear_attention_map(zero, zero), torch.zeros(1, 2, 10, 10))
+    q, k = torch.randn(1, 2, 10, 4), torch.randn(1, 2, 10, 4)
+    rows = injective_linear_attention_map(q, k, 0.5).sum(-1)
+    torch.testing.assert_close(rows, torch.ones(1, 2, 10))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_softmax_equals_timm_attention(fused):
+    torch.manual_seed(0)
+    ref = Attention(96, num_heads=3, qkv_bias=True).eval()
+    ref.fused_attn = fused
+    ours = get_operator("softmax")(96, num_heads=3, qkv_bias=True).eval()
+    ours.load_state_dict(ref.state_dict(), strict=True)   # same parameter names
+    x = torch.randn(2, 50, 96)
+    torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-6)
+    out, attn_map = ours.forward_with_map(x)
+    torch.testing.assert_close(out, ref(x), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(attn_map.sum(-1), torch.ones(2, 3, 50))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_bf16_input_keeps_dtype(name):
+    op = make_op(name).to(torch.bfloat16)
+    x = torch.randn(1, TOKENS, HEAD_DIM * HEADS, dtype=torch.bfloat16)
+    out = op(x)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_operator_is_bidirectional_only(name):
+    op = make_op(name)
+    x = torch.randn(1, TOKENS, HEAD_DIM * HEADS, dtype=torch.float64)
+    with pytest.raises(ValueError, match="bidirectional"):
+        op(x, is_causal=True)
+
+
+def test_registry_errors_name_the_allowed_values():
+    with pytest.raises(ValueError, match="allowed: softmax, linear"):
+        get_operator("lineer")
+    with pytest.raises(ValueError, match="focusing_factor"):
+        operator_class("focused", focus=2)
+    cls = operator_class("focused", focusing_factor=2.0)
+    assert cls.focusing_factor == 2.0 and issubclass(cls, get_operator("focused"))
+
+
+def test_local_terms_need_a_placeable_grid():
+    op = make_op("focused")
+    with pytest.raises(ValueError, match="cannot place"):
+        op(torch.randn(1, 48, HEAD_DIM * HEADS, dtype=torch.float64))   # 47 patches
+    op.set_token_layout(0, (6, 8))                                     # no cls, 6x8 grid
+    assert op(torch.randn(1, 48, HEAD_DIM * HEADS, dtype=torch.float64)).shape == (1, 48, 72)
+
+
+def test_linear_operators_reject_attention_dropout():
+    with pytest.raises(ValueError, match="attn_drop"):
+        get_operator("linear")(96, num_heads=3, attn_drop=0.1)

@@ -1,0 +1,120 @@
+"""timm ViTs with swapped operators; checkpoints that load strictly and safely."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from timm.models.vision_transformer import VisionTransformer
+
+from linvit.attention import OPERATORS
+from linvit.models import (SIZES, CheckpointError, ModelSpec, create_vit, load_model, load_strict,
+                           read_state_dict, save_model)
+from linvit.models.checkpoint import import_timm_weights
+
+from conftest import make_model
+
+
+@pytest.mark.parametrize("operator", list(OPERATORS))
+def test_every_operator_builds_a_timm_vit_that_trains(tiny_spec, operator):
+    model = make_model(tiny_spec, operator)
+    assert isinstance(model, VisionTransformer)
+    x = torch.randn(3, 1, 28, 28)
+    logits = model(x)
+    assert logits.shape == (3, 10)
+    logits.logsumexp(-1).mean().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("size", [s for s in SIZES if s != "deit_b"])
+def test_sizes_build_with_their_shapes(size):
+    spec = ModelSpec(size, "linear", 10, 28 if size.startswith("cpu") else 224, 3)
+    model = create_vit(spec)
+    s = SIZES[size]
+    assert model.embed_dim == s.width and len(model.blocks) == s.depth
+    assert model.blocks[0].attn.num_heads == s.heads
+
+
+def test_save_and_load_round_trip_rebuilds_the_model(tmp_path, tiny_spec):
+    model = make_model(tiny_spec, "focused").eval()
+    save_model(model, tmp_path / "m.safetensors")
+    again = load_model(tmp_path / "m.safetensors").eval()
+    assert again.linvit_spec == model.linvit_spec
+    x = torch.randn(2, 1, 28, 28)
+    assert torch.equal(model(x), again(x))
+
+
+def test_wrong_key_or_shape_fails_naming_it(tmp_path, tiny_spec):
+    model = make_model(tiny_spec)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["blocks.0.attn.qkv.weightt"] = state.pop("blocks.0.attn.qkv.weight")
+    state["head.weight"] = torch.zeros(7, 96)
+    with pytest.raises(CheckpointError) as err:
+        load_strict(make_model(tiny_spec), state, "ckpt")
+    msg = str(err.value)
+    assert "missing (1): blocks.0.attn.qkv.weight" in msg
+    assert "unexpected (1): blocks.0.attn.qkv.weightt" in msg
+    assert "head.weight: checkpoint (7, 96) vs model (10, 96)" in msg
+
+
+def test_torch_files_load_with_weights_only_and_wrappers_unwrapped(tmp_path, tiny_spec):
+    model = make_model(tiny_spec)
+    torch.save({"model": {f"module.{k}": v for k, v in model.state_dict().items()}, "epoch": 3},
+               tmp_path / "ckpt.pth")
+    state = read_state_dict(tmp_path / "ckpt.pth")
+    load_strict(make_model(tiny_spec, seed=5), state, "ckpt.pth")
+
+
+class Boom:
+    def __reduce__(self):
+        return (print, ("pickled code ran",))
+
+
+def test_pickled_code_is_refused(tmp_path):
+    with open(tmp_path / "evil.pth", "wb") as f:
+        pickle.dump({"model": Boom()}, f)
+    with pytest.raises(CheckpointError, match="weights_only"):
+        read_state_dict(tmp_path / "evil.pth")
+
+
+def test_bad_files_fail_clearly(tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        read_state_dict(tmp_path / "nope.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"junk")
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        read_state_dict(tmp_path / "junk.safetensors")
+    with pytest.raises(CheckpointError, match="unknown checkpoint format"):
+        (tmp_path / "w.npz").write_bytes(b"")
+        read_state_dict(tmp_path / "w.npz")
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "plain.safetensors"))
+    with pytest.raises(CheckpointError, match="no linvit model spec"):
+        load_model(tmp_path / "plain.safetensors")
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_timm_weights_import_from_a_local_file(tmp_path, tiny_spec, suffix):
+    """A plain timm ViT (timm's own Attention) becomes a linvit teacher with identical outputs."""
+    torch.manual_seed(0)
+    ref = VisionTransformer(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=96,
+                            depth=6, num_heads=3).eval()
+    path = tmp_path / f"timm{suffix}"
+    if suffix == ".pth":
+        torch.save({"model": ref.state_dict()}, path)
+    else:
+        save_file(ref.state_dict(), str(path))
+    model, report = import_timm_weights(tiny_spec, path)
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(model.eval()(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert report["reset"] == []
+
+
+def test_timm_import_head_mismatch_needs_reset(tmp_path, tiny_spec):
+    torch.manual_seed(0)
+    ref = VisionTransformer(img_size=28, patch_size=4, in_chans=1, num_classes=1000, embed_dim=96,
+                            depth=6, num_heads=3)
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    with pytest.raises(CheckpointError, match="head.weight"):
+        import_timm_weights(tiny_spec, tmp_path / "w.safetensors")
+    _, report = import_timm_weights(tiny_spec, tmp_path / "w.safetensors", reset_head=True)
+    assert report["reset"] == ["head.bias", "head.weight"]
