@@ -293,7 +293,7 @@ def load_config(cls, path: str | Path | None = None, overrides: list[str] = ()) 
 
 def build(cls, data: dict, path: str = "") -> Any:
     if not isinstance(data, dict):
-        raise ConfigError(f"{path or 'config'}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{path.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))

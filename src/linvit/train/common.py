@@ -32,10 +32,12 @@ def make_loaders(data_cfg, rt: Runtime):
 
 
 def start_run(cfg, out, stage: str) -> tuple[Runtime, RunDir]:
+    """Runtime and run folder; the folder is checked here but written only by `run.open()`, once
+    the inputs (data, checkpoints) have been found, so bad input leaves nothing behind."""
     rt = setup_runtime(cfg.run)
     seed_everything(cfg.run.seed)
     run = RunDir(out, stage, to_dict(cfg))
-    run.prepare(rt.is_main)
+    run.check()
     return rt, run
 
 

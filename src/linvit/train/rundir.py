@@ -55,9 +55,8 @@ class RunDir:
     def complete(self) -> bool:
         return self.metrics.is_file()
 
-    def prepare(self, is_main: bool = True) -> None:
-        """Create the folder, refuse to mix two configs in it, start logging."""
-        self.path.mkdir(parents=True, exist_ok=True)
+    def check(self) -> None:
+        """Refuse to mix two configs in one folder (writes nothing)."""
         if self.config_file.is_file():
             old = yaml.safe_load(self.config_file.read_text()) or {}
             changes = _diff(_identity(old.get("config", {})), _identity(self.config))
@@ -65,7 +64,12 @@ class RunDir:
                 raise ValueError(f"{self.path} holds a {old.get('stage')} run with another "
                                  f"config ({'; '.join(changes[:5])}); use another output folder "
                                  "or delete this one")
+
+    def open(self, is_main: bool = True) -> None:
+        """Create the folder, write the resolved config, start logging to run.log."""
+        self.check()
         if is_main:
+            self.path.mkdir(parents=True, exist_ok=True)
             write_yaml(self.config_file, {"stage": self.stage, "config": self.config})
             _log_to(self.path / "run.log")
 

@@ -25,6 +25,7 @@ def run_pretrain(cfg: PretrainConfig, out) -> dict:
     if run.complete():
         return completed_metrics(run)
     info, train_loader, test_loader = make_loaders(cfg.data, rt)
+    run.open(rt.is_main)
     spec = ModelSpec(cfg.model.size, cfg.model.operator, info.num_classes, info.img_size,
                      info.in_chans, dict(cfg.model.operator_options), cfg.model.drop_path)
     model = create_vit(spec).to(rt.device)
@@ -43,6 +44,7 @@ def run_evaluate(cfg: EvaluateConfig, out) -> dict:
     if spec.num_classes != info.num_classes:
         raise ConfigError(f"checkpoint has {spec.num_classes} classes, dataset "
                           f"{cfg.data.dataset!r} has {info.num_classes}")
+    run.open(rt.is_main)
     metrics = evaluate(model, test_loader, rt, info.num_classes)
     return run.finish({**metrics, "checkpoint": cfg.checkpoint, "spec": spec.as_dict()})
 
@@ -56,7 +58,8 @@ def run_import(cfg: ImportConfig, out) -> dict:
     spec = ModelSpec(cfg.size, "softmax", info.num_classes, info.img_size, info.in_chans)
     run = RunDir(out, "import-teacher", {"size": cfg.size, "file": cfg.file,
                                           "reset_head": cfg.reset_head})
-    run.prepare()
+    run.check()
     model, report = import_timm_weights(spec, cfg.file, cfg.reset_head)
+    run.open()
     save_model(model, run.model)
     return run.finish({"import": report, "spec": spec.as_dict()})

@@ -1,0 +1,93 @@
+"""Bad input fails with one clear message naming the field, before any compute."""
+from __future__ import annotations
+
+import pytest
+
+from linvit import cli
+from linvit.config import (ConfigError, DistillConfig, FinetuneConfig, PretrainConfig, load_config,
+                           parse_overrides)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim.lrr=1"], "optim.lrr: unknown field; allowed: opt, lr"),
+    (["model.operator=lineer"], "model.operator: 'lineer' is not one of: softmax, linear"),
+    (["model.size=huge"], "model.size: 'huge' is not one of: cpu96"),
+    (["optim.epochs=true"], "optim.epochs: expected int, got True"),
+    (["optim.epochs=0"], "optim.epochs: must be > 0"),
+    (["optim.lr=fast"], "optim.lr: expected float"),
+    (["optim.warmup_epochs=10"], "optim.warmup_epochs: 10 leaves no epoch"),
+    (["optim.opt=sgdd"], "optim.opt: 'sgdd' is not one of"),
+    (["data.dataset=imagenet"], "data.dataset: 'imagenet' is not one of: fashion_mnist"),
+    (["model.operator=focused", "model.operator_options.p=2"], "not options of 'focused'"),
+    (["run.device=tpu"], "run.device: 'tpu' is not one of: auto, cpu, cuda"),
+    (["data=3"], "data: expected a mapping"),
+    (["epochs"], "expected key=value"),
+])
+def test_bad_pretrain_configs_name_the_field(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(PretrainConfig, None, overrides)
+
+
+def test_transfer_configs_check_files_and_registry_names(tmp_path):
+    teacher = tmp_path / "t.safetensors"
+    teacher.write_bytes(b"")
+    with pytest.raises(ConfigError, match="teacher: required"):
+        load_config(FinetuneConfig, None, [])
+    with pytest.raises(ConfigError, match="teacher: file not found"):
+        load_config(FinetuneConfig, None, ["teacher=/no/such/file"])
+    with pytest.raises(ConfigError, match="distilled: strategy 'copy_mlp\\+distill' needs"):
+        load_config(FinetuneConfig, None, [f"teacher={teacher}"])
+    with pytest.raises(ConfigError, match="init.copy: 'mlps' is not one of: embed, attn"):
+        load_config(FinetuneConfig, None, [f"teacher={teacher}", "init.strategy=random",
+                                           "init.copy=[mlps]"])
+    with pytest.raises(ConfigError, match="distill.losses: 'kl' is not one of: attn_map_ce"):
+        load_config(DistillConfig, None, [f"teacher={teacher}", "distill.losses={kl: 1}"])
+    with pytest.raises(ConfigError, match="distill.train: 'attention' is not one of"):
+        load_config(DistillConfig, None, [f"teacher={teacher}", "distill.train=[attention]"])
+    cfg = load_config(FinetuneConfig, None, [f"teacher={teacher}", "init.strategy=copy_mlp",
+                                             "optim.lr=3e-4"])
+    assert cfg.optim.lr == 3e-4 and cfg.init.resolve().name == "copy_mlp"
+
+
+def test_yaml_file_and_overrides_merge(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 0.002\n  epochs: 4\nmodel:\n  operator: inline\n")
+    cfg = load_config(PretrainConfig, path, ["optim.epochs=5"])
+    assert (cfg.optim.lr, cfg.optim.epochs, cfg.model.operator) == (0.002, 5, "inline")
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(PretrainConfig, path)
+    assert parse_overrides(["a.b=1", "a.c=[1, 2]"]) == {"a": {"b": 1, "c": [1, 2]}}
+
+
+def test_cli_fails_before_compute_with_exit_2(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["pretrain", "-o", str(out), "model.operator=lineer"]) == 2
+    assert "model.operator: 'lineer' is not one of" in capsys.readouterr().err
+    assert not out.exists()                      # nothing was started
+    assert cli.main(["finetune", "-o", str(out), "teacher=/missing.safetensors"]) == 2
+    assert "teacher: file not found" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_missing_dataset_names_the_paths_and_the_fix(tmp_path, capsys):
+    code = cli.main(["pretrain", "-o", str(tmp_path / "r"), f"data.root={tmp_path}"])
+    err = capsys.readouterr().err
+    assert code == 2 and str(tmp_path) in err and "apt-get install dataset-fashion-mnist" in err
+
+
+def test_list_prints_every_registry(capsys):
+    assert cli.main(["list"]) == 0
+    text = capsys.readouterr().out
+    for word in ("hedgehog", "copy_mlp+distill", "attn_map_ce", "deit_s", "fashion_mnist"):
+        assert word in text
+
+
+def test_bad_data_or_checkpoint_leaves_no_run_folder(tmp_path, mnist_root, capsys):
+    assert cli.main(["pretrain", "-o", str(tmp_path / "a"), f"data.root={tmp_path}"]) == 2
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a checkpoint")
+    assert cli.main(["distill", "-o", str(tmp_path / "b"), f"teacher={bad}",
+                     f"data.root={mnist_root}"]) == 2
+    assert "not a readable safetensors" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

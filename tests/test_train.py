@@ -1,0 +1,85 @@
+"""The training loop: resume after an interrupt, and two-process DDP equal to one process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from linvit.config import PretrainConfig, load_config
+from linvit.io import read_jsonl
+from linvit.train import trainer
+from linvit.train.stages import run_pretrain
+
+
+def pretrain_cfg(root, *extra):
+    return load_config(PretrainConfig, None, [
+        f"data.root={root}", "data.batch_size=64", "data.eval_batch_size=128",
+        "optim.epochs=3", "optim.warmup_epochs=1", "run.progress=false", "run.threads=1",
+        *extra])
+
+
+def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_path, monkeypatch):
+    cfg = pretrain_cfg(mnist_root, "model.drop_path=0.1")   # drop-path draws from the RNG
+    full = run_pretrain(cfg, tmp_path / "full")
+
+    real, calls = trainer.train_one_epoch, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("simulated interrupt in epoch 2")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_one_epoch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_pretrain(cfg, tmp_path / "cut")
+    assert (tmp_path / "cut" / "checkpoint.safetensors").is_file()
+    assert not (tmp_path / "cut" / "metrics.json").exists()    # never taken for a result
+    assert len(read_jsonl(tmp_path / "cut" / "train.jsonl")) == 1
+    monkeypatch.setattr(trainer, "train_one_epoch", real)
+
+    resumed = run_pretrain(cfg, tmp_path / "cut")
+    for key in ("top1", "top5", "loss"):
+        assert resumed[key] == full[key], key
+    a = load_file(tmp_path / "full" / "model.safetensors")
+    b = load_file(tmp_path / "cut" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    losses = [[r["train_loss"] for r in read_jsonl(p / "train.jsonl")]
+              for p in (tmp_path / "full", tmp_path / "cut")]
+    assert losses[0] == losses[1] and len(losses[0]) == 3
+    assert not (tmp_path / "cut" / "checkpoint.safetensors").exists()
+
+
+def test_rerun_with_another_config_is_refused(mnist_root, tmp_path):
+    run_pretrain(pretrain_cfg(mnist_root, "optim.epochs=2"), tmp_path / "run")
+    with pytest.raises(ValueError, match="optim.lr"):
+        run_pretrain(pretrain_cfg(mnist_root, "optim.epochs=2", "optim.lr=0.01"), tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_two_process_ddp_matches_one_process(mnist_root, tmp_path):
+    """gloo, 2 CPU processes x 32 images == 1 process x 64 images, step for step."""
+    args = ["pretrain", "-o", None, f"data.root={mnist_root}", "data.batch_size=64",
+            "data.train_subset=256", "optim.epochs=2", "optim.warmup_epochs=1",
+            "run.progress=false", "run.threads=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    outs = {}
+    for name, launcher in (("single", [sys.executable, "-m", "linvit.cli"]),
+                           ("ddp", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                    "--nproc_per_node=2", "-m", "linvit.cli"])):
+        out = tmp_path / name
+        args[2] = str(out)
+        proc = subprocess.run(launcher + args, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs[name] = out
+    single, ddp = (json.loads((outs[n] / "metrics.json").read_text()) for n in ("single", "ddp"))
+    assert ddp["eval_samples"] == single["eval_samples"] == 256
+    assert abs(ddp["loss"] - single["loss"]) < 1e-3
+    a, b = (load_file(outs[n] / "model.safetensors") for n in ("single", "ddp"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-3
