@@ -19,7 +19,7 @@ STAGES = {
     "init": ("build a student with an init strategy and write it with its copied.json",
              "linvit.transfer.stages:run_init"),
     "finetune": ("initialise a student with an init strategy, then fine-tune it",
-                 "linvit.train.stages:run_finetune"),
+                 "linvit.transfer.stages:run_finetune"),
     "evaluate": ("evaluate a checkpoint on a dataset's test split",
                  "linvit.train.stages:run_evaluate"),
 }
@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the README's end-to-end transfer on Fashion-MNIST")
     demo.add_argument("-o", "--out", default="results/demo")
     demo.add_argument("--operator", default="linear")
+    demo.add_argument("overrides", nargs="*", metavar="field=value",
+                      help="overrides applied to every stage, e.g. run.threads=2")
     sub.add_parser("list", help="print every registry: operators, sizes, strategies, ...")
     return parser
 
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "demo":
             from linvit.demo import run_demo
-            run_demo(args.out, args.operator)
+            run_demo(args.out, args.operator, args.overrides)
             return 0
         cfg = load_config(STAGE_CONFIGS[CONFIG_OF.get(args.command, args.command)], args.config,
                           args.overrides)

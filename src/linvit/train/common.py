@@ -26,8 +26,8 @@ def make_loaders(data_cfg, rt: Runtime):
                       subset=data_cfg.train_subset, **common)
     test = ds.loader(data_cfg.root, "test", batch_size=data_cfg.eval_batch_size, train=False,
                      subset=data_cfg.test_subset, **common)
-    log.info("data %s: %d train / %d test samples, %d classes", data_cfg.dataset,
-             train.num_samples, test.num_samples, info.num_classes)
+    train.summary = test.summary = (f"data {data_cfg.dataset}: {train.num_samples} train / "
+                                    f"{test.num_samples} test samples, {info.num_classes} classes")
     return info, train, test
 
 

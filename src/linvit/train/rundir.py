@@ -65,13 +65,16 @@ class RunDir:
                                  f"config ({'; '.join(changes[:5])}); use another output folder "
                                  "or delete this one")
 
-    def open(self, is_main: bool = True) -> None:
+    def open(self, is_main: bool = True, *notes: str) -> None:
         """Create the folder, write the resolved config, start logging to run.log."""
         self.check()
         if is_main:
             self.path.mkdir(parents=True, exist_ok=True)
             write_yaml(self.config_file, {"stage": self.stage, "config": self.config})
             _log_to(self.path / "run.log")
+            log.info("%s run in %s", self.stage, self.path)
+            for note in notes:
+                log.info("%s", note)
 
     def write_history(self, history: list[dict]) -> None:
         write_text(self.train_log, "".join(json.dumps(r, sort_keys=True) + "\n" for r in history))

@@ -25,7 +25,7 @@ def run_pretrain(cfg: PretrainConfig, out) -> dict:
     if run.complete():
         return completed_metrics(run)
     info, train_loader, test_loader = make_loaders(cfg.data, rt)
-    run.open(rt.is_main)
+    run.open(rt.is_main, train_loader.summary)
     spec = ModelSpec(cfg.model.size, cfg.model.operator, info.num_classes, info.img_size,
                      info.in_chans, dict(cfg.model.operator_options), cfg.model.drop_path)
     model = create_vit(spec).to(rt.device)
@@ -44,7 +44,7 @@ def run_evaluate(cfg: EvaluateConfig, out) -> dict:
     if spec.num_classes != info.num_classes:
         raise ConfigError(f"checkpoint has {spec.num_classes} classes, dataset "
                           f"{cfg.data.dataset!r} has {info.num_classes}")
-    run.open(rt.is_main)
+    run.open(rt.is_main, test_loader.summary)
     metrics = evaluate(model, test_loader, rt, info.num_classes)
     return run.finish({**metrics, "checkpoint": cfg.checkpoint, "spec": spec.as_dict()})
 

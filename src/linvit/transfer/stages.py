@@ -65,7 +65,7 @@ def run_distill(cfg: DistillConfig, out) -> dict:
     student = create_vit(spec)
     record = apply_init(student, distill_student_strategy(cfg.distill.attn_init),
                         read_state_dict(cfg.teacher))
-    run.open(rt.is_main)
+    run.open(rt.is_main, train_loader.summary)
     trainable = freeze_except(student, cfg.distill.train)
     if rt.is_main:
         write_json(run.path / "student_init.json", record)
@@ -130,7 +130,7 @@ def run_init(cfg: FinetuneConfig, out) -> dict:
     rt, run = start_run(cfg, out, "init")
     info, _, test_loader = make_loaders(cfg.data, rt)
     model, record = build_student(cfg, info)
-    run.open(rt.is_main)
+    run.open(rt.is_main, test_loader.summary)
     write_json(run.path / "copied.json", record)
     save_model(model, run.model)
     init_eval = evaluate_init(model.to(rt.device), test_loader, rt, run, info.num_classes,
@@ -145,7 +145,7 @@ def run_finetune(cfg: FinetuneConfig, out) -> dict:
         return completed_metrics(run)
     info, train_loader, test_loader = make_loaders(cfg.data, rt)
     model, record = build_student(cfg, info)
-    run.open(rt.is_main)
+    run.open(rt.is_main, train_loader.summary)
     if rt.is_main:
         write_json(run.path / "copied.json", record)
     model.to(rt.device)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up linvit on a fresh machine; safe to rerun (a stamp skips pip when nothing changed).
+#   - a virtual environment in .venv with torch, timm and linvit (editable) plus test tools
+#   - Fashion-MNIST from Debian's dataset-fashion-mnist package, when missing and apt is usable
+# TORCH_SPEC overrides the torch pin, e.g. TORCH_SPEC="torch torchvision" for the newest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH_SPEC=${TORCH_SPEC:-"torch==2.14.1 torchvision==0.29.1"}
+
+if [ ! -x .venv/bin/python ]; then
+  "${PYTHON:-python3}" -m venv .venv
+fi
+stamp=".venv/.linvit-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "[setup] installing $TORCH_SPEC, timm and linvit into .venv (first time: a few minutes)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  # shellcheck disable=SC2086
+  .venv/bin/python -m pip install -q $TORCH_SPEC
+  .venv/bin/python -m pip install -q -e ".[test,data]"
+  touch "$stamp"
+fi
+
+fmnist=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+if [ ! -f "$fmnist" ]; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing Debian's dataset-fashion-mnist"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null
+  else
+    echo "[setup] Fashion-MNIST is not at $fmnist: run 'sudo apt-get install dataset-fashion-mnist'" \
+         "or pass data.root=<folder with the IDX files> to linvit" >&2
+  fi
+fi

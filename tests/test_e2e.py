@@ -1,0 +1,59 @@
+"""The whole transfer through the CLI and the demo, on small synthetic data in Fashion-MNIST layout."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from linvit import cli
+from linvit.demo import run_demo
+from linvit.io import read_jsonl
+
+RUN_FILES = {"config.yaml", "run.log", "train.jsonl", "metrics.json", "model.safetensors"}
+
+
+@pytest.mark.slow
+def test_cli_stages_chain_and_leave_their_records(mnist_root, tmp_path):
+    common = [f"data.root={mnist_root}", "data.batch_size=64", "run.progress=false"]
+    teacher, distilled = tmp_path / "teacher", tmp_path / "distill"
+    assert cli.main(["pretrain", "-o", str(teacher), "optim.epochs=3", "optim.lr=2e-3",
+                     *common]) == 0
+    assert cli.main(["distill", "-o", str(distilled), f"teacher={teacher}/model.safetensors",
+                     "model.operator=focused", "distill.losses={attn_map_ce: 1, attn_out_mse: 1}",
+                     *common]) == 0
+    student = tmp_path / "student"
+    assert cli.main(["finetune", "-o", str(student), f"teacher={teacher}/model.safetensors",
+                     f"distilled={distilled}/model.safetensors", "model.operator=focused",
+                     "optim.epochs=2", "kd.weight=0.5", *common]) == 0
+    evaluation = tmp_path / "eval"
+    assert cli.main(["evaluate", "-o", str(evaluation), f"checkpoint={student}/model.safetensors",
+                     *common]) == 0
+
+    for folder in (teacher, distilled, student):
+        assert RUN_FILES <= {p.name for p in folder.iterdir()}, folder
+        assert not (folder / "checkpoint.safetensors").exists()
+    assert (distilled / "trained.json").is_file() and (student / "copied.json").is_file()
+    metrics = {f.name: json.loads((f / "metrics.json").read_text())
+               for f in (teacher, distilled, student, evaluation)}
+    assert metrics["teacher"]["top1"] > 25          # 10 = chance; 24 steps of training
+    assert metrics["student"]["top1"] == metrics["eval"]["top1"]
+    assert metrics["student"]["copied"] == {"teacher": 56, "distilled": 42}
+    history = read_jsonl(student / "train.jsonl")
+    assert [r["epoch"] for r in history] == [1, 2] and "train_kd" in history[0]
+    config = yaml.safe_load((student / "config.yaml").read_text())
+    assert config["stage"] == "finetune" and config["config"]["kd"]["weight"] == 0.5
+
+
+@pytest.mark.slow
+def test_demo_prints_the_comparison_table(mnist_root, tmp_path, capsys):
+    extra = [f"data.root={mnist_root}", "optim.epochs=1", "optim.warmup_epochs=0",
+             "run.progress=false", "data.train_subset=256"]
+    table = run_demo(tmp_path / "demo", "linear", extra)
+    lines = [l for l in table.splitlines() if l.startswith("| ")]
+    assert len(lines) == 1 + 4                      # header + teacher, distilled, 2 students
+    assert "| student | linear | random |" in table
+    assert "| student | linear | copy_mlp+distill |" in table
+    assert (tmp_path / "demo" / "table.md").read_text() == table
+    # a second call reuses every finished stage
+    assert run_demo(tmp_path / "demo", "linear", extra).splitlines()[:6] == table.splitlines()[:6]
