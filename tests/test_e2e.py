@@ -57,3 +57,31 @@ def test_demo_prints_the_comparison_table(mnist_root, tmp_path, capsys):
     assert (tmp_path / "demo" / "table.md").read_text() == table
     # a second call reuses every finished stage
     assert run_demo(tmp_path / "demo", "linear", extra).splitlines()[:6] == table.splitlines()[:6]
+
+
+def test_import_teacher_then_init_through_the_cli(mnist_root, tmp_path):
+    import torch
+    from timm.models.vision_transformer import VisionTransformer
+
+    from linvit.models import load_model
+
+    torch.manual_seed(0)
+    ref = VisionTransformer(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=96,
+                            depth=6, num_heads=3).eval()
+    torch.save({"model": ref.state_dict()}, tmp_path / "timm.pth")
+    teacher = tmp_path / "teacher"
+    assert cli.main(["import-teacher", "-o", str(teacher), "size=cpu96",
+                     f"file={tmp_path / 'timm.pth'}", "data.dataset=fashion_mnist",
+                     f"data.root={mnist_root}"]) == 0
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(load_model(teacher / "model.safetensors").eval()(x), ref(x))
+
+    init = tmp_path / "init"
+    assert cli.main(["init", "-o", str(init), f"teacher={teacher}/model.safetensors",
+                     "init.strategy=copy_mlp", "model.operator=inline", f"data.root={mnist_root}",
+                     "run.progress=false"]) == 0
+    record = json.loads((init / "copied.json").read_text())
+    assert record["strategy"] == "copy_mlp" and record["summary"] == {"teacher": 56, "new": 36}
+    student = load_model(init / "model.safetensors")
+    assert student.linvit_spec.operator == "inline"
+    assert json.loads((init / "metrics.json").read_text())["init"]["eval_samples"] == 256

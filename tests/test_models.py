@@ -118,3 +118,24 @@ def test_timm_import_head_mismatch_needs_reset(tmp_path, tiny_spec):
         import_timm_weights(tiny_spec, tmp_path / "w.safetensors")
     _, report = import_timm_weights(tiny_spec, tmp_path / "w.safetensors", reset_head=True)
     assert report["reset"] == ["head.bias", "head.weight"]
+
+
+def test_timm_pretrained_loader_fills_our_softmax_operator(tmp_path):
+    """The path users take with a timm cache or the hub, pointed at a local file here."""
+    import timm
+
+    from linvit.models.checkpoint import _timm_pretrained
+
+    torch.manual_seed(0)
+    ref = timm.create_model("deit_tiny_patch16_224").eval()
+    save_file(ref.state_dict(), str(tmp_path / "deit_t.safetensors"))
+    overlay = {"file": str(tmp_path / "deit_t.safetensors")}
+    model = _timm_pretrained(ModelSpec("deit_t", "softmax", 1000, 224, 3), overlay).eval()
+    assert type(model.blocks[0].attn).__name__ == "SoftmaxAttention"
+    x = torch.randn(1, 3, 224, 224)
+    torch.testing.assert_close(model(x), ref(x), rtol=1e-4, atol=1e-4)
+    # another class count: timm keeps the body and starts a new head
+    model = _timm_pretrained(ModelSpec("deit_t", "softmax", 10, 224, 3), overlay).eval()
+    torch.testing.assert_close(model.forward_features(x), ref.forward_features(x), rtol=1e-4,
+                               atol=1e-4)
+    assert model(x).shape == (1, 10)

@@ -142,8 +142,9 @@ def import_timm_weights(spec: ModelSpec, file: str | Path | None = None,
     return model, report
 
 
-def _timm_pretrained(spec: ModelSpec) -> nn.Module:
-    # timm itself drops a pretrained head whose class count differs from spec.num_classes.
+def _timm_pretrained(spec: ModelSpec, overlay: dict | None = None) -> nn.Module:
+    """timm's own loader (its cache, the hub, or overlay={'file': ...}); timm loads strictly,
+    except that it drops a pretrained head whose class count differs from spec.num_classes."""
     import timm
 
     from linvit.attention import operator_class
@@ -154,7 +155,8 @@ def _timm_pretrained(spec: ModelSpec) -> nn.Module:
         raise CheckpointError(f"size {spec.size!r} has no timm pretrained weights; pass a file")
     model = timm.create_model(size.timm_name, pretrained=True, num_classes=spec.num_classes,
                               img_size=spec.img_size, in_chans=spec.in_chans,
-                              attn_layer=operator_class("softmax"))
+                              attn_layer=operator_class("softmax"),
+                              pretrained_cfg_overlay=overlay)
     set_token_layout(model)
     model.linvit_spec = spec
     return model
