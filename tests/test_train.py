@@ -10,10 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from linvit.config import PretrainConfig, load_config
+from linvit.config import FinetuneConfig, PretrainConfig, load_config
 from linvit.io import read_jsonl
 from linvit.train import trainer
 from linvit.train.stages import run_pretrain
+from linvit.transfer.stages import run_finetune
 
 
 def pretrain_cfg(root, *extra):
@@ -23,9 +24,25 @@ def pretrain_cfg(root, *extra):
         *extra])
 
 
-def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_path, monkeypatch):
-    cfg = pretrain_cfg(mnist_root, "model.drop_path=0.1")   # drop-path draws from the RNG
-    full = run_pretrain(cfg, tmp_path / "full")
+def finetune_cfg(root, teacher, *extra):
+    return load_config(FinetuneConfig, None, [
+        f"teacher={teacher}", "init.strategy=copy_mlp", "model.operator=focused",
+        f"data.root={root}", "data.batch_size=64", "data.eval_batch_size=128", "optim.epochs=3",
+        "optim.warmup_epochs=1", "run.progress=false", "run.threads=1", *extra])
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "finetune"])
+def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_path, monkeypatch,
+                                                             stage):
+    if stage == "pretrain":
+        run, cfg = run_pretrain, pretrain_cfg(mnist_root, "model.drop_path=0.1")  # RNG in use
+    else:
+        run_pretrain(pretrain_cfg(mnist_root, "optim.epochs=1", "optim.warmup_epochs=0"),
+                     tmp_path / "teacher")
+        run = run_finetune
+        cfg = finetune_cfg(mnist_root, tmp_path / "teacher" / "model.safetensors",
+                           "model.drop_path=0.1")
+    full = run(cfg, tmp_path / "full")
 
     real, calls = trainer.train_one_epoch, []
 
@@ -37,15 +54,17 @@ def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_pat
 
     monkeypatch.setattr(trainer, "train_one_epoch", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run_pretrain(cfg, tmp_path / "cut")
+        run(cfg, tmp_path / "cut")
     assert (tmp_path / "cut" / "checkpoint.safetensors").is_file()
     assert not (tmp_path / "cut" / "metrics.json").exists()    # never taken for a result
     assert len(read_jsonl(tmp_path / "cut" / "train.jsonl")) == 1
     monkeypatch.setattr(trainer, "train_one_epoch", real)
 
-    resumed = run_pretrain(cfg, tmp_path / "cut")
-    for key in ("top1", "top5", "loss"):
+    resumed = run(cfg, tmp_path / "cut")
+    for key in ("top1", "top5", "loss", "per_class_acc"):
         assert resumed[key] == full[key], key
+    if stage == "finetune":                     # accuracy at init survives the interrupt
+        assert resumed["init"]["top1"] == full["init"]["top1"]
     a = load_file(tmp_path / "full" / "model.safetensors")
     b = load_file(tmp_path / "cut" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)

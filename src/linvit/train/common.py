@@ -45,10 +45,10 @@ def evaluate_init(model: nn.Module, loader, rt: Runtime, run: RunDir, num_classe
                   enabled: bool) -> dict | None:
     """Accuracy of the model as initialised, measured once per run (kept across resumes)."""
     path = run.path / "init_metrics.json"
+    if path.is_file():                        # measured before an interrupt
+        return json.loads(path.read_text())
     if not enabled:
         return None
-    if path.is_file():
-        return json.loads(path.read_text())
     result = evaluate(model, loader, rt, num_classes)
     result.pop("per_class_acc")
     if rt.is_main:

@@ -104,6 +104,26 @@ class DistillObjective(nn.Module):
         return total, logs
 
 
+@torch.no_grad()
+def teacher_forced_errors(objective: DistillObjective, loader, rt, max_batches: int = 4) -> dict:
+    """Per-layer distillation losses and relative attention-output errors on held-out images
+    (the first `max_batches` test batches), averaged over batches and processes."""
+    objective.eval()
+    names, sums, batches = None, None, 0
+    for i, (images, _) in enumerate(loader.batches(0)):
+        if i == max_batches:
+            break
+        with rt.autocast():
+            _, logs = objective(images.to(rt.device))
+        names = names or sorted(logs)
+        values = torch.stack([logs[k].float() for k in names])
+        sums = values if sums is None else sums + values
+        batches += 1
+    sums = rt.all_reduce_sum(torch.cat([sums, torch.tensor([batches], device=sums.device,
+                                                           dtype=sums.dtype)]))
+    return {f"tf_{k}": (sums[i] / sums[-1]).item() for i, k in enumerate(names)}
+
+
 def freeze_except(model: nn.Module, groups) -> list[str]:
     """requires_grad only for parameters in `groups`; returns the trainable names."""
     trainable = []

@@ -22,7 +22,8 @@ from linvit.train.common import (completed_metrics, evaluate_init, finish_traini
 from linvit.train.loop import evaluate
 from linvit.train.objectives import ClassificationObjective
 from linvit.train.trainer import fit
-from linvit.transfer.distill import DistillObjective, GradCensus, freeze_except
+from linvit.transfer.distill import (DistillObjective, GradCensus, freeze_except,
+                                     teacher_forced_errors)
 from linvit.transfer.groups import GROUPS
 from linvit.transfer.init import apply_init
 from linvit.transfer.strategies import InitStrategy
@@ -92,23 +93,6 @@ def run_distill(cfg: DistillConfig, out) -> dict:
     return finish_training(run, rt, student, history,
                            {"init": init_eval, "losses": cfg.distill.losses,
                             "trained_groups": cfg.distill.train})
-
-
-@torch.no_grad()
-def teacher_forced_errors(objective: DistillObjective, loader, rt, max_batches: int = 4) -> dict:
-    """Per-layer distillation losses and relative attention-output errors on held-out images."""
-    objective.eval()
-    sums: dict[str, float] = {}
-    n = 0
-    for i, (images, _) in enumerate(loader.batches(0)):
-        if i == max_batches:
-            break
-        with rt.autocast():
-            _, logs = objective(images.to(rt.device))
-        for k, v in logs.items():
-            sums[k] = sums.get(k, 0.0) + v.item()
-        n += 1
-    return {f"tf_{k}": v / n for k, v in sums.items()}
 
 
 def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:
