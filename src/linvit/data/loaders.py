@@ -95,7 +95,8 @@ class TorchLoader:
                                           seed=seed, drop_last=shuffle)
         self.loader = DataLoader(dataset, batch_size=batch_size // world, sampler=self.sampler,
                                  num_workers=workers, drop_last=shuffle,
-                                 persistent_workers=workers > 0, pin_memory=True)
+                                 persistent_workers=workers > 0,
+                                 pin_memory=torch.cuda.is_available())
         self.batch_size = batch_size
 
     def __len__(self) -> int:
