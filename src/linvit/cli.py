@@ -27,6 +27,8 @@ CONFIG_OF = {"init": "finetune"}
 
 
 def _resolve(target: str):
+    """Import a stage by name: a stage's code is loaded only when it runs, and the workflow's
+    code-dependency map (linvit.deps) follows each stage's own imports."""
     import importlib
 
     module, name = target.split(":")
@@ -62,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             print_registries()
             return 0
         if args.command == "demo":
-            from linvit.demo import run_demo
-            run_demo(args.out, args.operator, args.overrides)
+            _resolve("linvit.demo:run_demo")(args.out, args.operator, args.overrides)
             return 0
         cfg = load_config(STAGE_CONFIGS[CONFIG_OF.get(args.command, args.command)], args.config,
                           args.overrides)

@@ -1,0 +1,129 @@
+"""Which source files a workflow job runs: the code-dependency map behind code-change invalidation.
+
+A stage's files are the static import closure of its entry modules (every `import linvit...`
+anywhere in a file counts, lazy imports included). Registries import all their members, so
+members are filtered: a job keeps only the operator, loss and dataset files it selects. Editing
+`attention/focused.py` therefore touches only the jobs that run the focused operator, while
+editing a shared module (`attention/base.py`, `train/loop.py`) touches every job that imports it.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+from functools import lru_cache
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parent          # src/linvit
+SRC_ROOT = PACKAGE_ROOT.parent                           # src
+
+# Entry modules of each stage (cli.py dispatches by string, so stages are named explicitly).
+STAGE_ENTRIES = {
+    "pretrain": ["linvit.cli", "linvit.train.stages"],
+    "distill": ["linvit.cli", "linvit.transfer.stages"],
+    "finetune": ["linvit.cli", "linvit.transfer.stages"],
+    "evaluate": ["linvit.cli", "linvit.train.stages"],
+    "collect": ["linvit.report.cli", "linvit.report.collect"],
+    "tables": ["linvit.report.cli", "linvit.report.tables"],
+    "figures": ["linvit.report.cli", "linvit.report.figures"],
+    "attention_figure": ["linvit.report.cli", "linvit.report.attention_maps"],
+    "report": ["linvit.report.cli", "linvit.report.document"],
+}
+
+
+def module_file(name: str) -> Path | None:
+    parts = name.split(".")
+    if parts[0] != "linvit":
+        return None
+    base = SRC_ROOT.joinpath(*parts)
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    return None
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC_ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[Path]:
+    """linvit files that importing `path` loads: named modules, submodules named in
+    `from x import y`, and every parent package's __init__.py."""
+    names: set[str] = set()
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:                                   # relative import
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    files = set()
+    for name in names:
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):                   # parents are imported first
+            f = module_file(".".join(parts[:i]))
+            if f is not None:
+                files.add(f)
+    return files
+
+
+@lru_cache(maxsize=None)
+def import_graph() -> dict[Path, frozenset[Path]]:
+    return {p: frozenset(_imports(p)) for p in sorted(PACKAGE_ROOT.rglob("*.py"))}
+
+
+def closure(entries: list[str]) -> set[Path]:
+    graph = import_graph()
+    todo = [f for f in (module_file(e) for e in entries) if f is not None]
+    seen: set[Path] = set()
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen.add(f)
+            todo.extend(graph.get(f, ()))
+    return seen
+
+
+@lru_cache(maxsize=None)
+def registry_members() -> dict[str, dict[str, Path]]:
+    """kind -> name -> the file that defines that registry entry."""
+    from linvit.attention import OPERATORS
+    from linvit.data import DATASETS
+    from linvit.transfer import losses
+
+    return {
+        "operator": {n: Path(inspect.getfile(c)).resolve() for n, c in OPERATORS.items()},
+        "loss": {m.LOSS.name: Path(m.__file__).resolve() for m in losses.MODULES},
+        "dataset": {n: Path(inspect.getfile(type(d))).resolve() for n, d in DATASETS.items()},
+    }
+
+
+def stage_sources(stage: str, operators=(), losses=(), datasets=()) -> list[Path]:
+    """Source files a job of `stage` runs, for the registry entries it selects."""
+    if stage not in STAGE_ENTRIES:
+        raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(STAGE_ENTRIES)}")
+    files = closure(STAGE_ENTRIES[stage])
+    selected = {"operator": set(operators), "loss": set(losses), "dataset": set(datasets)}
+    for kind, members in registry_members().items():
+        for name, path in members.items():
+            if name not in selected[kind]:
+                files.discard(path)
+    shared = {p for kind, m in registry_members().items() for n, p in m.items()
+              if n in selected[kind]}
+    return sorted(files | shared)
+
+
+def digest(paths) -> str:
+    h = hashlib.sha256()
+    for p in sorted(Path(x) for x in paths):
+        h.update(str(p.relative_to(SRC_ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
