@@ -1,0 +1,132 @@
+"""The ablation grid: which teacher, distillation and fine-tuning jobs a workflow config asks for,
+where each writes, and the exact CLI overrides each job gets. The Snakefile only wires this.
+
+A cell is one fine-tuned student: (dataset, size, operator, init strategy, loss design, seed).
+Cells share work: one teacher per (dataset, size), one distillation per (dataset, size, operator,
+loss design). Strategies that take nothing from a distilled student get loss "none".
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import shlex
+from dataclasses import asdict, dataclass
+
+from linvit.transfer.strategies import get_strategy
+
+NO_LOSS = "none"
+
+
+@dataclass(frozen=True)
+class Cell:
+    dataset: str
+    size: str
+    operator: str
+    init: str
+    loss: str
+    seed: int
+
+    @property
+    def needs_distill(self) -> bool:
+        return get_strategy(self.init).needs_distilled
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def teacher_dir(results: str, dataset: str, size: str) -> str:
+    return f"{results}/teachers/{dataset}/{size}"
+
+
+def distill_dir(results: str, dataset: str, size: str, operator: str, loss: str) -> str:
+    return f"{results}/distill/{dataset}/{size}/{operator}/{loss}"
+
+
+def cell_dir(results: str, c: Cell) -> str:
+    return f"{results}/cells/{c.dataset}/{c.size}/{c.operator}/{c.init}/{c.loss}/seed{c.seed}"
+
+
+def _cells(config: dict, operators, strategies, losses) -> list[Cell]:
+    out = []
+    for dataset, size, op, init, seed in itertools.product(
+            config["datasets"], config["sizes"], operators, strategies, config["seeds"]):
+        designs = losses if get_strategy(init).needs_distilled else [NO_LOSS]
+        out += [Cell(dataset, size, op, init, loss, seed) for loss in designs]
+    return out
+
+
+def expand_grid(config: dict) -> list[Cell]:
+    """Main grid, softmax reference cells, then the loss-design sub-grid; no duplicates."""
+    cells = _cells(config, config["operators"], config["strategies"], [config["main_loss"]])
+    cells += _cells(config, ["softmax"], config["reference_strategies"], [config["main_loss"]])
+    sub = config.get("loss_grid") or {}
+    if sub:
+        cells += _cells(config, sub["operators"], sub["strategies"], sub["losses"])
+    return list(dict.fromkeys(cells))
+
+
+def teachers(cells: list[Cell]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys((c.dataset, c.size) for c in cells))
+
+
+def distillations(cells: list[Cell]) -> list[tuple[str, str, str, str]]:
+    return list(dict.fromkeys((c.dataset, c.size, c.operator, c.loss)
+                              for c in cells if c.needs_distill))
+
+
+# --- command-line overrides -----------------------------------------------------------------
+def flatten(tree: dict, prefix: str = "") -> list[str]:
+    """{'optim': {'lr': 0.001}} -> ['optim.lr=0.001']; leaf mappings (loss weights, operator
+    options) stay whole as JSON, which the CLI reads as YAML."""
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, dict) and key not in ("losses", "operator_options"):
+            out += flatten(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={json.dumps(value)}")
+    return out
+
+
+def _data(config: dict, dataset: str) -> dict:
+    return {"data": dict(config["datasets"][dataset])}
+
+
+def _stage(config: dict, stage: str) -> dict:
+    return config.get("stages", {}).get(stage, {}) or {}
+
+
+def _merge(*trees: dict) -> dict:
+    out: dict = {}
+    for tree in trees:
+        for k, v in tree.items():
+            out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def teacher_args(config: dict, dataset: str, size: str) -> str:
+    teacher = config["teachers"].get(size, {"source": "pretrain"})
+    if teacher["source"] == "timm":
+        tree = {"size": size, "file": teacher.get("file"), "reset_head": True,
+                **_data(config, dataset)}
+        return shlex.join(["import-teacher", *flatten(tree)])
+    tree = _merge(_data(config, dataset), _stage(config, "teacher"),
+                  {"model": {"size": size, "operator": "softmax"},
+                   "run": {"seed": config.get("teacher_seed", 0)}})
+    return shlex.join(["pretrain", *flatten(tree)])
+
+
+def distill_args(config: dict, dataset: str, size: str, operator: str, loss: str,
+                 teacher_model: str) -> str:
+    tree = _merge(_data(config, dataset), _stage(config, "distill"),
+                  {"teacher": teacher_model, "model": {"operator": operator},
+                   "distill": {"losses": config["losses"][loss]},
+                   "run": {"seed": config.get("teacher_seed", 0)}})
+    return shlex.join(["distill", *flatten(tree)])
+
+
+def finetune_args(config: dict, cell: Cell, teacher_model: str, distilled_model: str | None) -> str:
+    tree = _merge(_data(config, cell.dataset), _stage(config, "finetune"),
+                  {"teacher": teacher_model, "distilled": distilled_model,
+                   "model": {"operator": cell.operator}, "init": {"strategy": cell.init},
+                   "run": {"seed": cell.seed}})
+    return shlex.join(["finetune", *flatten(tree)])

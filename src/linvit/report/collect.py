@@ -1,0 +1,105 @@
+"""Records -> tidy data frames (one row per job, per epoch, per distilled layer).
+
+Every row carries its job's key and, in results.csv, the job's full resolved config (flattened to
+`config.*` columns). A grid cell without a record appears with status "missing", never dropped.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+KEY = ["kind", "dataset", "size", "operator", "init", "loss", "seed"]
+METRICS = ["top1", "top5", "loss", "train_time_s", "epochs", "params", "eval_img_per_s",
+           "train_img_per_s"]
+
+
+def _flat(tree: dict, prefix: str) -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v and k not in ("losses", "operator_options"):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v) if isinstance(v, (dict, list)) else v
+    return out
+
+
+def _key(record: dict) -> dict:
+    return {"kind": record["kind"], **record["key"]}
+
+
+def results_frame(records: list[dict], grid: list[dict] | None = None) -> pd.DataFrame:
+    rows = []
+    for r in records:
+        row = {**_key(r), "status": r["status"], "error": r.get("error", ""),
+               "run_dir": r["run_dir"]}
+        m = r.get("metrics", {})
+        row.update({("test_loss" if k == "loss" else k): m.get(k) for k in METRICS})
+        row["init_top1"] = (m.get("init") or {}).get("top1")
+        row.update(_flat(r.get("config", {}), "config."))
+        rows.append(row)
+    seen = {tuple(_key(r).get(k) for k in KEY) for r in records}
+    for cell in grid or []:
+        key = {"kind": "cell", **cell}
+        if tuple(key.get(k) for k in KEY) not in seen:
+            rows.append({**key, "status": "missing", "error": "no record: the job has not run"})
+    frame = pd.DataFrame(rows)
+    for col in KEY + ["status"]:
+        if col not in frame:
+            frame[col] = None
+    return frame[KEY + [c for c in frame.columns if c not in KEY]]
+
+
+def curves_frame(records: list[dict]) -> pd.DataFrame:
+    """Test accuracy against training compute, per job: the init point, then each evaluated
+    epoch. `compute_s` adds the distillation time to students built from a distilled model."""
+    distill_time = {(r["key"]["dataset"], r["key"]["size"], r["key"]["operator"], r["key"]["loss"]):
+                    r["metrics"]["train_time_s"]
+                    for r in records if r["kind"] == "distill" and r["status"] == "ok"}
+    rows = []
+    for r in records:
+        if r["status"] != "ok" or r["kind"] == "distill":
+            continue
+        k = r["key"]
+        offset = distill_time.get((k.get("dataset"), k.get("size"), k.get("operator"),
+                                   k.get("loss")), 0.0)
+        base = {**_key(r)}
+        init = r["metrics"].get("init")
+        if init:
+            rows.append({**base, "epoch": 0, "compute_s": offset, "test_top1": init["top1"]})
+        elapsed = offset
+        log = Path(r["run_dir"]) / "train.jsonl"
+        for line in log.read_text().splitlines() if log.is_file() else []:
+            epoch = json.loads(line)
+            elapsed += epoch["train_time_s"]
+            if "test_top1" in epoch:
+                rows.append({**base, "epoch": epoch["epoch"], "compute_s": elapsed,
+                             "test_top1": epoch["test_top1"]})
+    return pd.DataFrame(rows, columns=KEY + ["epoch", "compute_s", "test_top1"])
+
+
+def distill_frame(records: list[dict]) -> pd.DataFrame:
+    """Teacher-forced per-layer quantities of each distillation (tf_<name>/L<layer>)."""
+    rows = []
+    for r in records:
+        if r["kind"] != "distill" or r["status"] != "ok":
+            continue
+        for name, value in r["metrics"].items():
+            if name.startswith("tf_") and "/L" in name:
+                metric, layer = name[3:].rsplit("/L", 1)
+                rows.append({**_key(r), "metric": metric, "layer": int(layer), "value": value})
+    return pd.DataFrame(rows, columns=KEY + ["metric", "layer", "value"])
+
+
+def collect(records: list[dict], grid: list[dict], out_dir: str | Path) -> dict[str, Path]:
+    from linvit.io import write_text
+
+    out_dir = Path(out_dir)
+    frames = {"results": results_frame(records, grid), "curves": curves_frame(records),
+              "distill_layers": distill_frame(records)}
+    paths = {}
+    for name, frame in frames.items():
+        paths[name] = out_dir / f"{name}.csv"
+        write_text(paths[name], frame.to_csv(index=False))
+    return paths

@@ -1,0 +1,93 @@
+"""Result figures, each a pure function of a data frame (PNG and PDF).
+
+    accuracy_by_init     test top-1 by init strategy, one bar per operator (the paper's main figure)
+    time_to_accuracy     test top-1 against training compute of the student (distillation included)
+    distill_layers       teacher-forced relative attention error per layer after distillation
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from linvit.report.plotting import new_figure, save
+from linvit.report.tables import summarize
+
+
+def _ok(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["status"] == "ok"] if "status" in frame else frame
+
+
+def _panels(frame: pd.DataFrame) -> list[tuple]:
+    return list(dict.fromkeys(zip(frame["dataset"], frame["size"])))
+
+
+def accuracy_by_init(results: pd.DataFrame, orders: dict, main_loss: str, out: Path) -> None:
+    cells = _ok(results[(results["kind"] == "cell") & results["loss"].isin([main_loss, "none"])])
+    panels = _panels(cells)
+    fig, axes = new_figure(len(panels), width=7.5)
+    for ax, (dataset, size) in zip(axes, panels):
+        part = cells[(cells["dataset"] == dataset) & (cells["size"] == size)]
+        inits = [i for i in orders["init"] if i in set(part["init"])]
+        ops = [o for o in orders["operator"] if o in set(part["operator"])]
+        width = 0.8 / max(len(ops), 1)
+        for j, op in enumerate(ops):
+            stats = [summarize(part[(part["operator"] == op) & (part["init"] == i)]["top1"]
+                               .astype(float).tolist() or [float("nan")]) for i in inits]
+            xs = [k + (j - (len(ops) - 1) / 2) * width for k in range(len(inits))]
+            ax.bar(xs, [s[0] for s in stats], width, label=op,
+                   yerr=[s[1] or 0 for s in stats], capsize=2)
+        teacher = _ok(results[(results["kind"] == "teacher") & (results["dataset"] == dataset)
+                              & (results["size"] == size)])["top1"]
+        if len(teacher):
+            ax.axhline(float(teacher.mean()), color="k", ls="--", lw=1, label="softmax teacher")
+        ax.set_xticks(range(len(inits)), inits, rotation=30, ha="right")
+        ax.set_ylabel("test top-1 (%)")
+        ax.set_title(f"{dataset} / {size}")
+        ax.legend(fontsize=7, ncol=2)
+    save(fig, out)
+
+
+def time_to_accuracy(curves: pd.DataFrame, orders: dict, out: Path) -> None:
+    cells = curves[curves["kind"] == "cell"]
+    ops = [o for o in orders["operator"] if o in set(cells["operator"])]
+    fig, axes = new_figure(len(ops), width=4.0)
+    for ax, op in zip(axes, ops):
+        part = cells[cells["operator"] == op]
+        for (init, loss), run in part.groupby(["init", "loss"], sort=False):
+            mean = run.groupby("epoch").agg(compute_s=("compute_s", "mean"),
+                                            test_top1=("test_top1", "mean"))
+            label = init if loss == "none" else f"{init} [{loss}]"
+            ax.plot(mean["compute_s"], mean["test_top1"], marker="o", ms=3, label=label)
+        ax.set_xlabel("student training compute (s; distillation included)")
+        ax.set_ylabel("test top-1 (%)")
+        ax.set_title(op)
+        ax.legend(fontsize=6)
+    save(fig, out)
+
+
+def distill_layers(layers: pd.DataFrame, out: Path, metric: str = "rel_err") -> None:
+    part = layers[layers["metric"] == metric]
+    panels = _panels(part) or [("", "")]
+    fig, axes = new_figure(len(panels), width=4.5)
+    for ax, (dataset, size) in zip(axes, panels):
+        sub = part[(part["dataset"] == dataset) & (part["size"] == size)]
+        for (op, loss), run in sub.groupby(["operator", "loss"], sort=False):
+            run = run.sort_values("layer")
+            ax.plot(run["layer"], run["value"], marker="o", ms=3, label=f"{op} [{loss}]")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("relative attention-output error")
+        ax.set_yscale("log")
+        ax.set_title(f"teacher-forced error after distillation {dataset} / {size}".strip())
+        ax.legend(fontsize=7)
+    save(fig, out)
+
+
+def write_figures(results, curves, layers, orders: dict, main_loss: str,
+                  out_dir: str | Path) -> list[Path]:
+    out_dir = Path(out_dir)
+    accuracy_by_init(results, orders, main_loss, out_dir / "accuracy_by_init")
+    time_to_accuracy(curves, orders, out_dir / "time_to_accuracy")
+    distill_layers(layers, out_dir / "distill_layers")
+    return [out_dir / f"{n}.{ext}" for n in ("accuracy_by_init", "time_to_accuracy",
+                                             "distill_layers") for ext in ("png", "pdf")]
