@@ -89,8 +89,7 @@ def test_two_process_ddp_matches_one_process(mnist_root, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     outs = {}
     for name, launcher in (("single", [sys.executable, "-m", "linvit.cli"]),
-                           ("ddp", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                    "--nproc_per_node=2", "-m", "linvit.cli"])):
+                           ("ddp", [sys.executable, "-m", "linvit.cli", "--nproc", "2"])):
         out = tmp_path / name
         args[2] = str(out)
         proc = subprocess.run(launcher + args, env=env, capture_output=True, text=True,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 STAGES = {
@@ -37,11 +38,17 @@ def _resolve(target: str):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="linvit", description=__doc__.split("\n")[0])
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="processes (GPUs) for data-parallel training; >1 relaunches "
+                             "this command under torch.distributed.run")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, _) in STAGES.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("-c", "--config", help="YAML config (fields as in linvit.config)")
         p.add_argument("-o", "--out", required=True, help="output folder of this run")
+        p.add_argument("--rerun", action="store_true",
+                       help="run even if the folder holds a finished run (it is replaced); an "
+                            "unfinished run of the same config resumes (for workflows)")
         p.add_argument("overrides", nargs="*", metavar="field=value",
                        help="dotted overrides, e.g. optim.lr=3e-4 model.operator=focused")
     demo = sub.add_parser("demo", help="the README's end-to-end transfer on Fashion-MNIST")
@@ -53,8 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def relaunch_distributed(nproc: int, argv: list[str]) -> None:
+    """Replace this process by `torchrun --standalone --nproc_per_node N -m linvit.cli ...`."""
+    rest, skip = [], False
+    for a in argv:
+        if skip or a == "--nproc" or a.startswith("--nproc="):
+            skip = a == "--nproc"
+            continue
+        rest.append(a)
+    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              f"--nproc_per_node={nproc}", "-m", "linvit.cli", *rest])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    if args.nproc > 1 and "LOCAL_RANK" not in os.environ:
+        relaunch_distributed(args.nproc, argv)
     from linvit.config import STAGE_CONFIGS, ConfigError, load_config
     from linvit.data import DatasetNotFound
     from linvit.models import CheckpointError
@@ -68,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         cfg = load_config(STAGE_CONFIGS[CONFIG_OF.get(args.command, args.command)], args.config,
                           args.overrides)
-        metrics = _resolve(STAGES[args.command][1])(cfg, args.out)
+        metrics = _resolve(STAGES[args.command][1])(cfg, args.out, replace=args.rerun)
     except (ConfigError, DatasetNotFound, CheckpointError) as e:
         print(f"linvit {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -103,30 +103,106 @@ def _merge(*trees: dict) -> dict:
     return out
 
 
-def teacher_args(config: dict, dataset: str, size: str) -> str:
-    teacher = config["teachers"].get(size, {"source": "pretrain"})
+def _command(stage: str, out_dir: str, tree: dict) -> str:
+    """`<stage> -o <dir> --rerun k=v ...`: --rerun because the workflow, not the folder, decides
+    whether a job must run (an unfinished run of the same config still resumes)."""
+    return shlex.join([stage, "-o", out_dir, "--rerun", *flatten(tree)])
+
+
+def teacher_args(config: dict, dataset: str, size: str, out_dir: str) -> str:
+    teacher = config.get("teachers", {}).get(size, {"source": "pretrain"})
     if teacher["source"] == "timm":
         tree = {"size": size, "file": teacher.get("file"), "reset_head": True,
                 **_data(config, dataset)}
-        return shlex.join(["import-teacher", *flatten(tree)])
+        return _command("import-teacher", out_dir, tree)
     tree = _merge(_data(config, dataset), _stage(config, "teacher"),
                   {"model": {"size": size, "operator": "softmax"},
                    "run": {"seed": config.get("teacher_seed", 0)}})
-    return shlex.join(["pretrain", *flatten(tree)])
+    return _command("pretrain", out_dir, tree)
 
 
 def distill_args(config: dict, dataset: str, size: str, operator: str, loss: str,
-                 teacher_model: str) -> str:
+                 teacher_model: str, out_dir: str) -> str:
     tree = _merge(_data(config, dataset), _stage(config, "distill"),
                   {"teacher": teacher_model, "model": {"operator": operator},
                    "distill": {"losses": config["losses"][loss]},
                    "run": {"seed": config.get("teacher_seed", 0)}})
-    return shlex.join(["distill", *flatten(tree)])
+    return _command("distill", out_dir, tree)
 
 
-def finetune_args(config: dict, cell: Cell, teacher_model: str, distilled_model: str | None) -> str:
+def finetune_args(config: dict, cell: Cell, teacher_model: str, distilled_model: str | None,
+                  out_dir: str) -> str:
     tree = _merge(_data(config, cell.dataset), _stage(config, "finetune"),
                   {"teacher": teacher_model, "distilled": distilled_model,
                    "model": {"operator": cell.operator}, "init": {"strategy": cell.init},
                    "run": {"seed": cell.seed}})
-    return shlex.join(["finetune", *flatten(tree)])
+    return _command("finetune", out_dir, tree)
+
+
+# --- checks and the grid document ---------------------------------------------------------------
+def check_config(config: dict, existing_file: str) -> None:
+    """Registry names, cross-references and every stage's overrides, before any job runs.
+
+    Stage overrides are validated by building each stage's linvit config with `existing_file`
+    standing in for checkpoints that do not exist yet.
+    """
+    from linvit.attention import OPERATORS
+    from linvit.config import ConfigError, DistillConfig, FinetuneConfig, PretrainConfig, load_config
+    from linvit.data import DATASETS
+    from linvit.models import SIZES
+    from linvit.transfer.losses import LOSSES
+    from linvit.transfer.strategies import STRATEGIES
+
+    def names(field, values, allowed):
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise ConfigError(f"{field}: {bad} not in: {', '.join(map(str, allowed))}")
+
+    sub = config.get("loss_grid") or {}
+    names("sizes", config["sizes"], SIZES)
+    names("operators", config["operators"] + sub.get("operators", []), OPERATORS)
+    names("strategies", config["strategies"] + config["reference_strategies"]
+          + sub.get("strategies", []), STRATEGIES)
+    names("main_loss / loss_grid.losses", [config["main_loss"], *sub.get("losses", [])],
+          config["losses"])
+    for design, weights in config["losses"].items():
+        names(f"losses.{design}", weights, LOSSES)
+    for name, data in config["datasets"].items():
+        names(f"datasets.{name}.dataset", [data["dataset"]], DATASETS)
+    names("teachers", config.get("teachers", {}), config["sizes"])
+    for dataset in config["datasets"]:
+        for cls, args in ((PretrainConfig, teacher_args(config, dataset, config["sizes"][0], "x")),
+                          (DistillConfig, distill_args(config, dataset, config["sizes"][0], "linear",
+                                                       config["main_loss"], existing_file, "x")),
+                          (FinetuneConfig, finetune_args(
+                              config, Cell(dataset, config["sizes"][0], "linear", "copy_mlp+distill",
+                                           config["main_loss"], 0), existing_file, existing_file,
+                              "x"))):
+            words = shlex.split(args)
+            if words[0] == "import-teacher":
+                continue
+            try:
+                load_config(cls, None, [w for w in words if "=" in w])
+            except ConfigError as e:
+                raise ConfigError(f"stages.{_STAGE_OF[cls.__name__]} (dataset {dataset}): {e}") from None
+
+
+_STAGE_OF = {"PretrainConfig": "teacher", "DistillConfig": "distill", "FinetuneConfig": "finetune"}
+
+
+def grid_document(config: dict, cells: list[Cell]) -> dict:
+    """What the report steps need to know about the grid: expected cells and axis orders."""
+    sub = config.get("loss_grid") or {}
+    return {
+        "cells": [c.as_dict() for c in cells],
+        "main_loss": config["main_loss"],
+        "orders": {
+            "init": list(dict.fromkeys(config["strategies"] + config["reference_strategies"]
+                                       + sub.get("strategies", []))),
+            "operator": list(dict.fromkeys(config["operators"] + sub.get("operators", [])
+                                           + ["softmax"])),
+            "loss": [NO_LOSS, config["main_loss"], *sub.get("losses", [])],
+            "dataset": list(config["datasets"]),
+            "size": list(config["sizes"]),
+        },
+    }

@@ -61,3 +61,33 @@ def attention_figure(teacher_path: str, students: dict[str, str], data: dict,
             if c == 0:
                 ax.set_ylabel(f"image {i}, layer {l}", fontsize=8)
     save(fig, out)
+
+
+def attention_figure_from_records(teacher_record: str, student_records: dict[str, str],
+                                  data: dict, layers: list[int], n_images: int, out: Path) -> None:
+    """The figure from job records: failed jobs are left out, and a failed teacher gives a
+    figure that says so instead of failing the report."""
+    from linvit.report.record import read_records
+
+    teacher, = read_records([teacher_record])
+    ok = {name: f"{r['run_dir']}/model.safetensors"
+          for name, r in zip(student_records, read_records(student_records.values()))
+          if r["status"] == "ok"}
+    if teacher["status"] != "ok":
+        fig, ax = plt.subplots(figsize=(5, 1.5))
+        ax.axis("off")
+        ax.text(0.5, 0.5, f"no attention maps: the teacher job failed\n{teacher['error'][:80]}",
+                ha="center", va="center", fontsize=8)
+        save(fig, out)
+        return
+    attention_figure(f"{teacher['run_dir']}/model.safetensors",
+                     {f"{name} (distilled)": path for name, path in ok.items()}, data, layers,
+                     n_images, out)
+
+
+def run_step(a) -> None:
+    import json
+
+    students = dict(s.split("=", 1) for s in a.student_record)
+    attention_figure_from_records(a.teacher_record, students, json.loads(a.data), a.layers,
+                                  a.images, Path(a.out))

@@ -12,61 +12,6 @@ grid.json (written by the workflow) holds the expected cells, the axis orders an
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
-
-
-def _grid(path: str) -> dict:
-    return json.loads(Path(path).read_text())
-
-
-def _csv(path: str):
-    import pandas as pd
-
-    return pd.read_csv(path, keep_default_na=True)
-
-
-def cmd_record(a) -> None:
-    from linvit.report.record import write_record
-
-    write_record(a.out, kind=a.kind, key=json.loads(a.key), run_dir=a.run_dir,
-                 exit_status=a.status, log=a.log)
-
-
-def cmd_collect(a) -> None:
-    from linvit.report.collect import collect
-    from linvit.report.record import read_records
-
-    collect(read_records(a.records), _grid(a.grid)["cells"], a.out)
-
-
-def cmd_tables(a) -> None:
-    from linvit.report.tables import write_tables
-
-    grid = _grid(a.grid)
-    write_tables(_csv(a.results), grid["orders"], grid["main_loss"], a.out)
-
-
-def cmd_figures(a) -> None:
-    from linvit.report.figures import write_figures
-
-    grid = _grid(a.grid)
-    write_figures(_csv(a.results), _csv(a.curves), _csv(a.layers), grid["orders"],
-                  grid["main_loss"], a.out)
-
-
-def cmd_attention(a) -> None:
-    from linvit.report.attention_maps import attention_figure
-
-    students = dict(s.split("=", 1) for s in a.student)
-    attention_figure(a.teacher, students, json.loads(a.data), a.layers, a.images, Path(a.out))
-
-
-def cmd_report(a) -> None:
-    from linvit.report.document import write_report
-
-    write_report(_csv(a.results), Path(a.tables), [Path(f) for f in a.figures], Path(a.out),
-                 _grid(a.grid)["main_loss"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--tables", required=True)
     d.add_argument("--figures", nargs="*", default=[])
     at = sub.add_parser("attention")
-    at.add_argument("--teacher", required=True)
-    at.add_argument("--student", action="append", default=[], help="NAME=model.safetensors")
+    at.add_argument("--teacher-record", required=True, help="the teacher job's record.json")
+    at.add_argument("--student-record", action="append", default=[],
+                    help="NAME=record.json of a distillation job")
     at.add_argument("--data", required=True, help="JSON data config (dataset, root, img_size)")
     at.add_argument("--layers", type=int, nargs="+", default=[0, -1])
     at.add_argument("--images", type=int, default=2)
@@ -104,13 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-COMMANDS = {"record": cmd_record, "collect": cmd_collect, "tables": cmd_tables,
-            "figures": cmd_figures, "attention": cmd_attention, "report": cmd_report}
+# Each step lives in its own module and is imported only when it runs, so the workflow's
+# code-dependency map (linvit.deps) ties a step to its module alone.
+COMMANDS = {"record": "linvit.report.record", "collect": "linvit.report.collect",
+            "tables": "linvit.report.tables", "figures": "linvit.report.figures",
+            "attention": "linvit.report.attention_maps", "report": "linvit.report.document"}
 
 
 def main(argv=None) -> int:
+    import importlib
+
     args = build_parser().parse_args(argv)
-    COMMANDS[args.step](args)
+    importlib.import_module(COMMANDS[args.step]).run_step(args)
     return 0
 
 

@@ -103,3 +103,10 @@ def collect(records: list[dict], grid: list[dict], out_dir: str | Path) -> dict[
         paths[name] = out_dir / f"{name}.csv"
         write_text(paths[name], frame.to_csv(index=False))
     return paths
+
+
+def run_step(a) -> None:
+    from linvit.report.files import read_grid
+    from linvit.report.record import read_records
+
+    collect(read_records(a.records), read_grid(a.grid)["cells"], a.out)

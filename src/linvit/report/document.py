@@ -82,3 +82,10 @@ def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], o
         parts += [f"- {r.kind} {r.dataset}/{r.size}/{r.operator}/{r.init}/{r.loss}/seed{r.seed}: "
                   f"{r.status}: {r.error}" for r in failed.itertuples()]
     write_text(out, "\n".join(parts) + "\n")
+
+
+def run_step(a) -> None:
+    from linvit.report.files import read_csv, read_grid
+
+    write_report(read_csv(a.results), Path(a.tables), [Path(f) for f in a.figures], Path(a.out),
+                 read_grid(a.grid)["main_loss"])

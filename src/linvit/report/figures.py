@@ -91,3 +91,11 @@ def write_figures(results, curves, layers, orders: dict, main_loss: str,
     distill_layers(layers, out_dir / "distill_layers")
     return [out_dir / f"{n}.{ext}" for n in ("accuracy_by_init", "time_to_accuracy",
                                              "distill_layers") for ext in ("png", "pdf")]
+
+
+def run_step(a) -> None:
+    from linvit.report.files import read_csv, read_grid
+
+    grid = read_grid(a.grid)
+    write_figures(read_csv(a.results), read_csv(a.curves), read_csv(a.layers), grid["orders"],
+                  grid["main_loss"], a.out)

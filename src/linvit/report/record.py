@@ -43,3 +43,8 @@ def write_record(out: str | Path, **kwargs) -> dict:
 
 def read_records(paths) -> list[dict]:
     return [json.loads(Path(p).read_text()) for p in paths]
+
+
+def run_step(a) -> None:
+    write_record(a.out, kind=a.kind, key=json.loads(a.key), run_dir=a.run_dir,
+                 exit_status=a.status, log=a.log)

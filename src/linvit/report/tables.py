@@ -140,3 +140,10 @@ def write_tables(results: pd.DataFrame, orders: dict, main_loss: str,
         write_text(out_dir / f"{name}.md", to_markdown(table))
         write_text(out_dir / f"{name}.tex", to_latex(table, CAPTIONS[name]))
     return tables
+
+
+def run_step(a) -> None:
+    from linvit.report.files import read_csv, read_grid
+
+    grid = read_grid(a.grid)
+    write_tables(read_csv(a.results), grid["orders"], grid["main_loss"], a.out)

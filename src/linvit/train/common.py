@@ -31,13 +31,17 @@ def make_loaders(data_cfg, rt: Runtime):
     return info, train, test
 
 
-def start_run(cfg, out, stage: str) -> tuple[Runtime, RunDir]:
+def start_run(cfg, out, stage: str, replace: bool = False) -> tuple[Runtime, RunDir]:
     """Runtime and run folder; the folder is checked here but written only by `run.open()`, once
     the inputs (data, checkpoints) have been found, so bad input leaves nothing behind."""
     rt = setup_runtime(cfg.run)
     seed_everything(cfg.run.seed)
-    run = RunDir(out, stage, to_dict(cfg))
-    run.check()
+    run = RunDir(out, stage, to_dict(cfg), replace=replace and rt.is_main)
+    if rt.is_main:                       # only the main process may replace a folder
+        run.check()
+    rt.barrier()
+    if not rt.is_main:
+        run.check()
     return rt, run
 
 

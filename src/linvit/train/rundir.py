@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import platform
+import shutil
 import sys
 from pathlib import Path
 
@@ -42,8 +43,9 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 
 class RunDir:
-    def __init__(self, out: str | Path, stage: str, config: dict):
+    def __init__(self, out: str | Path, stage: str, config: dict, replace: bool = False):
         self.path = Path(out)
+        self.replace = replace
         self.stage = stage
         self.config = config
         self.checkpoint = self.path / "checkpoint.safetensors"
@@ -56,14 +58,20 @@ class RunDir:
         return self.metrics.is_file()
 
     def check(self) -> None:
-        """Refuse to mix two configs in one folder (writes nothing)."""
-        if self.config_file.is_file():
-            old = yaml.safe_load(self.config_file.read_text()) or {}
-            changes = _diff(_identity(old.get("config", {})), _identity(self.config))
-            if changes:
-                raise ValueError(f"{self.path} holds a {old.get('stage')} run with another "
-                                 f"config ({'; '.join(changes[:5])}); use another output folder "
-                                 "or delete this one")
+        """Refuse to mix two configs in one folder (writes nothing). With `replace` set (the
+        workflow decided this job must run), a finished run or one of another config is
+        deleted instead, and only an unfinished run of the same config is resumed."""
+        if not self.config_file.is_file():
+            return
+        old = yaml.safe_load(self.config_file.read_text()) or {}
+        changes = _diff(_identity(old.get("config", {})), _identity(self.config))
+        if self.replace and (changes or self.complete()):
+            log.info("replacing the previous run in %s", self.path)
+            shutil.rmtree(self.path)
+        elif changes:
+            raise ValueError(f"{self.path} holds a {old.get('stage')} run with another "
+                             f"config ({'; '.join(changes[:5])}); use another output folder "
+                             "or delete this one")
 
     def open(self, is_main: bool = True, *notes: str) -> None:
         """Create the folder, write the resolved config, start logging to run.log."""

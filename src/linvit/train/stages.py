@@ -20,8 +20,8 @@ from linvit.train.trainer import fit
 log = logging.getLogger("linvit")
 
 
-def run_pretrain(cfg: PretrainConfig, out) -> dict:
-    rt, run = start_run(cfg, out, "pretrain")
+def run_pretrain(cfg: PretrainConfig, out, replace: bool = False) -> dict:
+    rt, run = start_run(cfg, out, "pretrain", replace)
     if run.complete():
         return completed_metrics(run)
     info, train_loader, test_loader = make_loaders(cfg.data, rt)
@@ -36,8 +36,8 @@ def run_pretrain(cfg: PretrainConfig, out) -> dict:
     return finish_training(run, rt, model, history, {})
 
 
-def run_evaluate(cfg: EvaluateConfig, out) -> dict:
-    rt, run = start_run(cfg, out, "evaluate")
+def run_evaluate(cfg: EvaluateConfig, out, replace: bool = False) -> dict:
+    rt, run = start_run(cfg, out, "evaluate", replace)
     info, _, test_loader = make_loaders(cfg.data, rt)
     model = load_model(cfg.checkpoint).to(rt.device)
     spec: ModelSpec = model.linvit_spec
@@ -49,7 +49,7 @@ def run_evaluate(cfg: EvaluateConfig, out) -> dict:
     return run.finish({**metrics, "checkpoint": cfg.checkpoint, "spec": spec.as_dict()})
 
 
-def run_import(cfg: ImportConfig, out) -> dict:
+def run_import(cfg: ImportConfig, out, replace: bool = False) -> dict:
     """Turn timm weights (a local file, or timm's pretrained loader) into a linvit teacher."""
     from linvit.data import get_dataset
     from linvit.models.checkpoint import import_timm_weights
@@ -57,7 +57,7 @@ def run_import(cfg: ImportConfig, out) -> dict:
     info = get_dataset(cfg.data.dataset).info(cfg.data.root, cfg.data.img_size)
     spec = ModelSpec(cfg.size, "softmax", info.num_classes, info.img_size, info.in_chans)
     run = RunDir(out, "import-teacher", {"size": cfg.size, "file": cfg.file,
-                                          "reset_head": cfg.reset_head})
+                                          "reset_head": cfg.reset_head}, replace=replace)
     run.check()
     model, report = import_timm_weights(spec, cfg.file, cfg.reset_head)
     run.open()

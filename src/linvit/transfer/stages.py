@@ -55,8 +55,8 @@ def distill_student_strategy(attn_init: str) -> InitStrategy:
     return InitStrategy(f"distill-student(attn={attn_init})", frozenset(copied))
 
 
-def run_distill(cfg: DistillConfig, out) -> dict:
-    rt, run = start_run(cfg, out, "distill")
+def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
+    rt, run = start_run(cfg, out, "distill", replace)
     if run.complete():
         return completed_metrics(run)
     info, train_loader, test_loader = make_loaders(cfg.data, rt)
@@ -110,8 +110,8 @@ def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:
     return model, record
 
 
-def run_init(cfg: FinetuneConfig, out) -> dict:
-    rt, run = start_run(cfg, out, "init")
+def run_init(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
+    rt, run = start_run(cfg, out, "init", replace)
     info, _, test_loader = make_loaders(cfg.data, rt)
     model, record = build_student(cfg, info)
     run.open(rt.is_main, test_loader.summary)
@@ -123,8 +123,8 @@ def run_init(cfg: FinetuneConfig, out) -> dict:
                        "init": init_eval, "spec": model.linvit_spec.as_dict()})
 
 
-def run_finetune(cfg: FinetuneConfig, out) -> dict:
-    rt, run = start_run(cfg, out, "finetune")
+def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
+    rt, run = start_run(cfg, out, "finetune", replace)
     if run.complete():
         return completed_metrics(run)
     info, train_loader, test_loader = make_loaders(cfg.data, rt)

@@ -1,0 +1,55 @@
+# Shared wiring: the grid from linvit.grid, the code-dependency map from linvit.deps, and the
+# command every job runs. Jobs use this checkout's src/ (PYTHONPATH), whatever is installed.
+import json
+import sys
+from pathlib import Path
+
+SRC = Path(workflow.basedir) / "src"
+sys.path.insert(0, str(SRC))
+
+from linvit import deps, grid  # noqa: E402
+
+grid.check_config(config, str(Path(workflow.basedir) / "Snakefile"))
+
+RESULTS = config["results"]
+CELLS = grid.expand_grid(config)
+CELL_OF = {grid.cell_dir(RESULTS, c): c for c in CELLS}
+PYTHON = f"PYTHONPATH={SRC} {sys.executable}"
+LINVIT = f"{PYTHON} -m linvit.cli"
+REPORT = f"{PYTHON} -m linvit.report.cli"
+
+
+wildcard_constraints:
+    dataset="[^/]+",
+    size="[^/]+",
+    operator="[^/]+",
+    init="[^/]+",
+    loss="[^/]+",
+    seed=r"\d+",
+
+
+def code(stage, operators=(), losses=(), datasets=()):
+    """The src files a job of `stage` runs: editing one of them reruns exactly these jobs."""
+    return [str(p) for p in deps.stage_sources(stage, operators, losses, datasets)]
+
+
+def teacher_dir(wc):
+    return grid.teacher_dir(RESULTS, wc.dataset, wc.size)
+
+
+def distill_dir(wc):
+    return grid.distill_dir(RESULTS, wc.dataset, wc.size, wc.operator, wc.loss)
+
+
+def cell_of(wc):
+    return grid.Cell(wc.dataset, wc.size, wc.operator, wc.init, wc.loss, int(wc.seed))
+
+
+# Every job: run linvit, then always write a record (ok or failed), so one failing job shows as
+# failed in the tables instead of stopping the rest of the grid.
+RUN_AND_RECORD = """
+status=0
+{LINVIT} --nproc {resources.gpu} {params.args} run.threads={threads} > {log} 2>&1 || status=$?
+{REPORT} record --kind {params.kind} --key '{params.key}' --run-dir {params.dir} \
+    --status $status --log {log} --out {output.record}
+"""

@@ -1,0 +1,114 @@
+# Collection and reporting: records -> results.csv -> tables, figures -> report.md.
+TABLES = ["main", "loss_design", "by_dataset", "by_size"]
+FIGURES = ["accuracy_by_init", "time_to_accuracy", "distill_layers"]
+FIRST = (next(iter(config["datasets"])), config["sizes"][0])   # the attention-map panel
+
+
+def all_records():
+    records = [f"{grid.teacher_dir(RESULTS, d, s)}/record.json" for d, s in grid.teachers(CELLS)]
+    records += [f"{grid.distill_dir(RESULTS, *k)}/record.json" for k in grid.distillations(CELLS)]
+    return records + [f"{grid.cell_dir(RESULTS, c)}/record.json" for c in CELLS]
+
+
+rule grid_document:
+    output:
+        f"{RESULTS}/grid.json",
+    params:
+        doc=json.dumps(grid.grid_document(config, CELLS), sort_keys=True, indent=1),
+    run:
+        from linvit.io import write_text
+
+        write_text(output[0], params.doc)
+
+
+rule collect:
+    input:
+        grid=f"{RESULTS}/grid.json",
+        records=all_records(),
+        code=code("collect"),
+    output:
+        results=f"{RESULTS}/results.csv",
+        curves=f"{RESULTS}/curves.csv",
+        layers=f"{RESULTS}/distill_layers.csv",
+    log:
+        f"{RESULTS}/logs/collect.log",
+    shell:
+        "{REPORT} collect --grid {input.grid} --out {RESULTS} {input.records} > {log} 2>&1"
+
+
+rule tables:
+    input:
+        grid=f"{RESULTS}/grid.json",
+        results=f"{RESULTS}/results.csv",
+        code=code("tables"),
+    output:
+        expand(f"{RESULTS}/tables/{{name}}.{{ext}}", name=TABLES, ext=["csv", "md", "tex"]),
+    log:
+        f"{RESULTS}/logs/tables.log",
+    shell:
+        "{REPORT} tables --grid {input.grid} --results {input.results} --out {RESULTS}/tables"
+        " > {log} 2>&1"
+
+
+rule figures:
+    input:
+        grid=f"{RESULTS}/grid.json",
+        results=f"{RESULTS}/results.csv",
+        curves=f"{RESULTS}/curves.csv",
+        layers=f"{RESULTS}/distill_layers.csv",
+        code=code("figures"),
+    output:
+        expand(f"{RESULTS}/figures/{{name}}.{{ext}}", name=FIGURES, ext=["png", "pdf"]),
+    log:
+        f"{RESULTS}/logs/figures.log",
+    shell:
+        "{REPORT} figures --grid {input.grid} --results {input.results} --curves {input.curves}"
+        " --layers {input.layers} --out {RESULTS}/figures > {log} 2>&1"
+
+
+def attention_students():
+    dataset, size = FIRST
+    return {op: f"{grid.distill_dir(RESULTS, dataset, size, op, config['main_loss'])}/record.json"
+            for op in config["operators"]
+            if (dataset, size, op, config["main_loss"]) in grid.distillations(CELLS)}
+
+
+rule attention_figure:
+    input:
+        teacher=f"{grid.teacher_dir(RESULTS, *FIRST)}/record.json",
+        students=list(attention_students().values()),
+        code=code("attention_figure", ["softmax", *attention_students()], [], [FIRST[0]]),
+    output:
+        f"{RESULTS}/figures/attention_maps.png",
+        f"{RESULTS}/figures/attention_maps.pdf",
+    log:
+        f"{RESULTS}/logs/attention_figure.log",
+    params:
+        data=json.dumps(config["datasets"][FIRST[0]]),
+        layers=" ".join(map(str, config["figures"]["attention_layers"])),
+        images=config["figures"]["attention_images"],
+        students=" ".join(f"--student-record {op}={path}"
+                          for op, path in attention_students().items()),
+    threads: 1
+    shell:
+        "{REPORT} attention --teacher-record {input.teacher} {params.students}"
+        " --data '{params.data}' --layers {params.layers} --images {params.images}"
+        " --out {RESULTS}/figures/attention_maps > {log} 2>&1"
+
+
+rule report:
+    input:
+        grid=f"{RESULTS}/grid.json",
+        results=f"{RESULTS}/results.csv",
+        tables=expand(f"{RESULTS}/tables/{{name}}.md", name=TABLES),
+        # the report links the figures: redrawing one does not change the report
+        figures=ancient(expand(f"{RESULTS}/figures/{{name}}.png",
+                               name=FIGURES + ["attention_maps"])),
+        code=code("report"),
+    output:
+        f"{RESULTS}/report.md",
+    log:
+        f"{RESULTS}/logs/report.log",
+    shell:
+        "{REPORT} report --grid {input.grid} --results {input.results}"
+        " --tables {RESULTS}/tables --figures {input.figures} --out {output} > {log} 2>&1"

@@ -1,0 +1,60 @@
+# Distillation (one per dataset, size, operator and loss design) and the fine-tuned cells.
+
+
+rule distill:
+    input:
+        teacher=lambda wc: f"{teacher_dir(wc)}/record.json",
+        code=lambda wc: code("distill", ["softmax", wc.operator],
+                             list(config["losses"][wc.loss]), [wc.dataset]),
+    output:
+        record=f"{RESULTS}/distill/{{dataset}}/{{size}}/{{operator}}/{{loss}}/record.json",
+    log:
+        f"{RESULTS}/logs/distill/{{dataset}}/{{size}}/{{operator}}/{{loss}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/distill/{{dataset}}/{{size}}/{{operator}}/{{loss}}.tsv"
+    params:
+        kind="distill",
+        dir=distill_dir,
+        key=lambda wc: json.dumps({"dataset": wc.dataset, "size": wc.size,
+                                   "operator": wc.operator, "loss": wc.loss}),
+        args=lambda wc: grid.distill_args(config, wc.dataset, wc.size, wc.operator, wc.loss,
+                                          f"{teacher_dir(wc)}/model.safetensors", distill_dir(wc)),
+    threads: 1
+    resources:
+        gpu=0,
+    shell:
+        RUN_AND_RECORD
+
+
+def distilled_input(wc):
+    return [f"{distill_dir(wc)}/record.json"] if cell_of(wc).needs_distill else []
+
+
+def finetune_args(wc):
+    cell = cell_of(wc)
+    distilled = f"{distill_dir(wc)}/model.safetensors" if cell.needs_distill else None
+    return grid.finetune_args(config, cell, f"{teacher_dir(wc)}/model.safetensors", distilled,
+                              grid.cell_dir(RESULTS, cell))
+
+
+rule finetune:
+    input:
+        teacher=lambda wc: f"{teacher_dir(wc)}/record.json",
+        distilled=distilled_input,
+        code=lambda wc: code("finetune", ["softmax", wc.operator], [], [wc.dataset]),
+    output:
+        record=f"{RESULTS}/cells/{{dataset}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}/record.json",
+    log:
+        f"{RESULTS}/logs/cells/{{dataset}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/cells/{{dataset}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}.tsv"
+    params:
+        kind="cell",
+        dir=lambda wc: grid.cell_dir(RESULTS, cell_of(wc)),
+        key=lambda wc: json.dumps(cell_of(wc).as_dict()),
+        args=finetune_args,
+    threads: 1
+    resources:
+        gpu=0,
+    shell:
+        RUN_AND_RECORD
