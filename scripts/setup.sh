@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up linvit on a fresh machine; safe to rerun (a stamp skips pip when nothing changed).
-#   - a virtual environment in .venv with torch, timm and linvit (editable) plus test tools
+#   - a virtual environment in .venv with torch, timm, linvit (editable), Snakemake, pandas,
+#     matplotlib and the test tools
 #   - Fashion-MNIST from Debian's dataset-fashion-mnist package, when missing and apt is usable
 # TORCH_SPEC overrides the torch pin, e.g. TORCH_SPEC="torch torchvision" for the newest.
 set -euo pipefail
@@ -16,7 +17,7 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # shellcheck disable=SC2086
   .venv/bin/python -m pip install -q $TORCH_SPEC
-  .venv/bin/python -m pip install -q -e ".[test,data]"
+  .venv/bin/python -m pip install -q -e ".[workflow,test,data]"
   touch "$stamp"
 fi
 

@@ -72,6 +72,8 @@ def main_table(results: pd.DataFrame, orders: dict, main_loss: str) -> pd.DataFr
     cells = results[(results["kind"] == "cell") & results["loss"].isin([main_loss, "none"])]
     table = pivot(cells, ["dataset", "size", "init"], "operator", orders)
     teachers = results[results["kind"] == "teacher"]
+    if len(teachers) and "softmax" not in table.columns:
+        table["softmax"] = ""
     for (dataset, size), group in teachers.groupby(["dataset", "size"], sort=False):
         row = pd.DataFrame([[format_cell(group) if c == "softmax" else "" for c in table.columns]],
                            columns=table.columns, index=pd.MultiIndex.from_tuples(

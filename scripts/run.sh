@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: set up, then regenerate the ablation grid of
+# config/config.yaml with Snakemake on 2 cores, ending in results/report.md. Rerunning does only
+# what changed; extra arguments go to Snakemake (e.g. -n for a dry run, --configfile FILE).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+.venv/bin/snakemake --cores 2 --workflow-profile workflow/profiles/local "$@"
+results=$(.venv/bin/python -c "import yaml; print(yaml.safe_load(open('config/config.yaml'))['results'])")
+if [ -f "$results/tables/main.md" ] && [[ " $* " != *" -n "* ]]; then
+  echo; cat "$results/tables/main.md"; echo; echo "report: $results/report.md"
+fi

@@ -1,0 +1,151 @@
+"""The workflow's logic, without Snakemake: grid expansion, arguments, code map, tables."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from linvit import deps, grid
+from linvit.config import ConfigError, FinetuneConfig, load_config
+from linvit.report.collect import results_frame
+from linvit.report.document import claims_table
+from linvit.report.tables import format_cell, main_table, summarize, to_latex, to_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def default_config() -> dict:
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config.setdefault("teachers", {})
+    return config
+
+
+def test_default_grid_has_every_strategy_on_three_linear_operators():
+    config = default_config()
+    cells = grid.expand_grid(config)
+    main = [c for c in cells if c.loss in (config["main_loss"], "none") and c.operator != "softmax"]
+    assert {c.operator for c in main} >= {"linear", "focused", "inline"}
+    assert {c.init for c in main} == set(config["strategies"])
+    assert len(main) == len(config["strategies"]) * len(config["operators"])
+    assert grid.teachers(cells) == [("fashion_mnist", "cpu96")]
+    # one distillation per (operator, loss design), shared by every cell that needs it
+    assert len(grid.distillations(cells)) == len(config["operators"]) + 2
+
+
+def test_loss_is_none_exactly_for_strategies_without_distillation():
+    for c in grid.expand_grid(default_config()):
+        assert (c.loss == "none") == (c.init not in ("distill", "copy_mlp+distill"))
+
+
+def test_job_arguments_are_valid_linvit_configs(tmp_path):
+    config = default_config()
+    cell = grid.Cell("fashion_mnist", "cpu96", "focused", "copy_mlp+distill", "out", 3)
+    teacher = tmp_path / "t.safetensors"
+    teacher.write_bytes(b"")
+    words = shlex.split(grid.finetune_args(config, cell, str(teacher), str(teacher), "OUT"))
+    assert words[:4] == ["finetune", "-o", "OUT", "--rerun"]
+    cfg = load_config(FinetuneConfig, None, words[4:])
+    assert (cfg.model.operator, cfg.init.strategy, cfg.run.seed) == ("focused", "copy_mlp+distill", 3)
+    assert cfg.data.train_subset == config["stages"]["finetune"]["data"]["train_subset"]
+    distill = shlex.split(grid.distill_args(config, "fashion_mnist", "cpu96", "linear", "map+out",
+                                            str(teacher), "D"))
+    assert 'distill.losses={"attn_map_ce": 1.0, "attn_out_mse": 1.0}' in distill
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"operators": ["lineer"]}, "operators: ['lineer'] not in"),
+    ({"strategies": ["copy_everything"]}, "strategies: ['copy_everything'] not in"),
+    ({"main_loss": "nope"}, "main_loss / loss_grid.losses: ['nope'] not in"),
+    ({"losses": {"out": {"mse": 1.0}, "map": {}, "map+out": {}}}, "losses.out: ['mse'] not in"),
+    ({"stages": {"finetune": {"optim": {"lrr": 0.1}}}}, "stages.finetune (dataset fashion_mnist): "
+                                                         "optim.lrr: unknown field"),
+])
+def test_check_config_names_the_field(change, message):
+    config = {**default_config(), **change}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        grid.check_config(config, str(ROOT / "Snakefile"))
+
+
+def rel(paths):
+    return {str(p.relative_to(deps.SRC_ROOT)) for p in paths}
+
+
+def test_code_map_selects_registry_members():
+    files = rel(deps.stage_sources("finetune", ["softmax", "focused"], [], ["fashion_mnist"]))
+    assert {"linvit/attention/focused.py", "linvit/attention/softmax.py",
+            "linvit/attention/base.py", "linvit/transfer/init.py", "linvit/train/loop.py",
+            "linvit/data/fashion_mnist.py"} <= files
+    assert not files & {"linvit/attention/linear.py", "linvit/attention/inline.py",
+                        "linvit/data/cifar.py", "linvit/transfer/losses/attn_map_ce.py",
+                        "linvit/report/figures.py"}
+    distill = rel(deps.stage_sources("distill", ["softmax", "linear"], ["attn_map_ce"], []))
+    assert "linvit/transfer/losses/attn_map_ce.py" in distill
+    assert "linvit/transfer/losses/attn_out_mse.py" not in distill
+    figures = rel(deps.stage_sources("figures"))
+    assert "linvit/report/figures.py" in figures and not any("attention/" in f for f in figures)
+    assert "linvit/report/figures.py" not in rel(deps.stage_sources("tables"))
+
+
+def test_operators_and_losses_each_have_their_own_file():
+    members = deps.registry_members()
+    for kind in ("operator", "loss"):
+        assert len(set(members[kind].values())) == len(members[kind]), kind
+    # entries sharing a file (cifar10/cifar100) keep it when either is selected
+    assert "linvit/data/cifar.py" in rel(deps.stage_sources("finetune", datasets=["cifar100"]))
+
+
+def test_ci_and_cell_formatting():
+    mean, ci, n = summarize([70.0, 72.0, 74.0])
+    assert (mean, n) == (72.0, 3) and ci == pytest.approx(4.303 * 2 / 3 ** 0.5)
+    frame = pd.DataFrame({"status": ["ok", "ok", "failed"], "top1": [70.0, 72.0, None]})
+    assert format_cell(frame) == "71.00 ± 12.71 (2/3 seeds)"
+    assert format_cell(pd.DataFrame({"status": ["failed"], "top1": [None]})) == "failed"
+    assert format_cell(pd.DataFrame({"status": ["missing"], "top1": [None]})) == "missing"
+
+
+def record(kind, key, top1=None, status="ok"):
+    metrics = {"top1": top1, "top5": 99.0, "loss": 0.5, "train_time_s": 10.0, "epochs": 1}
+    return {"kind": kind, "key": key, "run_dir": "x", "status": status,
+            "metrics": metrics if status == "ok" else {}, "config": {"optim": {"lr": 0.001}},
+            "error": "" if status == "ok" else "boom"}
+
+
+def test_tables_show_missing_and_failed_cells_and_match_known_output():
+    cells = [{"dataset": "d", "size": "s", "operator": op, "init": init, "loss": "none",
+              "seed": 0} for op in ("linear", "focused") for init in ("random", "copy_mlp")]
+    records = [record("teacher", {"dataset": "d", "size": "s"}, 80.0),
+               record("cell", cells[0], 61.5), record("cell", cells[1], 70.25),
+               record("cell", cells[2], status="failed")]
+    results = results_frame(records, cells)
+    assert list(results["status"]) == ["ok", "ok", "ok", "failed", "missing"]
+    assert results.loc[1, "config.optim.lr"] == 0.001           # every row carries its config
+    orders = {"init": ["random", "copy_mlp"], "operator": ["linear", "focused", "softmax"]}
+    table = main_table(results, orders, "out")
+    assert to_markdown(table) == (
+        "| dataset | size | init | linear | focused | softmax |\n"
+        "|---|---|---|---:|---:|---:|\n"
+        "| d | s | teacher (pretrained) |  |  | 80.00 |\n"
+        "| d | s | random | 61.50 | failed |  |\n"
+        "| d | s | copy_mlp | 70.25 | missing |  |\n")
+    latex = to_latex(table, "Top-1 & more")
+    assert r"\caption{Top-1 \& more}" in latex and r"d & s & random & 61.50 & failed &  \\" in latex
+
+
+def test_claims_report_verdicts_both_ways():
+    rows = []
+    values = {"random": 50, "copy_embed": 60, "copy_attn": 70, "copy_mlp": 65, "copy_all": 75,
+              "distill": 55, "copy_mlp+distill": 74}
+    for init, top1 in values.items():
+        rows.append(record("cell", {"dataset": "d", "size": "s", "operator": "linear",
+                                    "init": init, "loss": "none", "seed": 0}, top1))
+    rows.append(record("cell", {"dataset": "d", "size": "s", "operator": "softmax",
+                                "init": "copy_all", "loss": "none", "seed": 0}, 80))
+    text = claims_table(results_frame(rows), "out")
+    assert "copy_attn gains less over copy_embed than copy_mlp does | d / s | linear | " \
+           "copy_embed 60.00, copy_attn 70.00, copy_mlp 65.00 | **does not hold**" in text
+    assert "distill > random | d / s | linear | random 50.00, distill 55.00 | holds" in text
+    assert "copy_mlp+distill 74.00, softmax 80.00 | **does not hold**" in text
