@@ -45,11 +45,13 @@ def cell_of(wc):
     return grid.Cell(wc.dataset, wc.size, wc.operator, wc.init, wc.loss, int(wc.seed))
 
 
-# Every job: run linvit, then always write a record (ok or failed), so one failing job shows as
-# failed in the tables instead of stopping the rest of the grid.
+# Every job: run linvit, then write a record (ok or failed), so one failing job shows as failed
+# in the tables instead of stopping the rest of the grid. A job killed by a signal (an interrupted
+# workflow) leaves no record: it has not failed, and the next run resumes it.
 RUN_AND_RECORD = """
 status=0
 {LINVIT} --nproc {resources.gpu} {params.args} run.threads={threads} > {log} 2>&1 || status=$?
+if [ $status -ge 128 ]; then exit $status; fi
 {REPORT} record --kind {params.kind} --key '{params.key}' --run-dir {params.dir} \
     --status $status --log {log} --out {output.record}
 """
