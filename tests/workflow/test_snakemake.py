@@ -189,13 +189,14 @@ def test_a_failing_cell_does_not_poison_the_others(project):
 
 def test_an_interrupted_workflow_resumes_without_recomputing(project):
     results = project / "results-interrupted"
-    args = [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config/tiny.yaml",
+    # one core: jobs run one after another, so the interrupt lands mid-grid
+    args = [sys.executable, "-m", "snakemake", "--cores", "1", "--configfile", "config/tiny.yaml",
             "--config", f"results={results}"]
     proc = subprocess.Popen(args, cwd=project, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
-    while len(list(results.glob("cells/**/record.json"))) < 2 and time.time() < deadline:
-        time.sleep(0.5)
+    while not list(results.glob("cells/**/record.json")) and time.time() < deadline:
+        time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=120)
     # a job that finished while Snakemake was stopping is marked incomplete and reruns
@@ -203,7 +204,7 @@ def test_an_interrupted_workflow_resumes_without_recomputing(project):
     in_flight = {base64.b64decode(p.name).decode() for p in marks.iterdir()} if marks.is_dir() else set()
     done = {p: p.stat().st_mtime_ns for p in results.glob("**/record.json")
             if str(p) not in in_flight}
-    assert 2 <= len([p for p in done if "/cells/" in str(p)]) < 8
+    assert 1 <= len([p for p in done if "/cells/" in str(p)]) < 8
     resumed = snakemake(project, *args[3:], "--rerun-incomplete")   # as the local profile does
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert all(p.stat().st_mtime_ns == t for p, t in done.items())   # finished jobs kept

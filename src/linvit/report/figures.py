@@ -2,7 +2,8 @@
 
     accuracy_by_init     test top-1 by init strategy, one bar per operator (the paper's main figure)
     time_to_accuracy     test top-1 against training compute of the student (distillation included)
-    distill_layers       teacher-forced relative attention error per layer after distillation
+    distill_layers       per-layer distillation losses and relative attention error, after
+                         distillation, teacher-forced on held-out images
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def accuracy_by_init(results: pd.DataFrame, orders: dict, main_loss: str, out: P
         ax.set_xticks(range(len(inits)), inits, rotation=30, ha="right")
         ax.set_ylabel("test top-1 (%)")
         ax.set_title(f"{dataset} / {size}")
-        ax.legend(fontsize=7, ncol=2)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     save(fig, out)
 
 
@@ -66,20 +67,22 @@ def time_to_accuracy(curves: pd.DataFrame, orders: dict, out: Path) -> None:
     save(fig, out)
 
 
-def distill_layers(layers: pd.DataFrame, out: Path, metric: str = "rel_err") -> None:
-    part = layers[layers["metric"] == metric]
-    panels = _panels(part) or [("", "")]
-    fig, axes = new_figure(len(panels), width=4.5)
-    for ax, (dataset, size) in zip(axes, panels):
-        sub = part[(part["dataset"] == dataset) & (part["size"] == size)]
-        for (op, loss), run in sub.groupby(["operator", "loss"], sort=False):
+def distill_layers(layers: pd.DataFrame, out: Path) -> None:
+    """One panel per quantity: the relative attention-output error (comparable across designs),
+    then each distillation loss, per layer, on held-out images, teacher-forced."""
+    metrics = ["rel_err"] + sorted(set(layers["metric"]) - {"rel_err"})
+    fig, axes = new_figure(len(metrics), width=4.2)
+    for ax, metric in zip(axes, metrics):
+        part = layers[layers["metric"] == metric]
+        for (dataset, size, op, loss), run in part.groupby(
+                ["dataset", "size", "operator", "loss"], sort=False):
             run = run.sort_values("layer")
-            ax.plot(run["layer"], run["value"], marker="o", ms=3, label=f"{op} [{loss}]")
+            ax.plot(run["layer"], run["value"], marker="o", ms=3,
+                    label=f"{op} [{loss}] {dataset}/{size}")
         ax.set_xlabel("layer")
-        ax.set_ylabel("relative attention-output error")
         ax.set_yscale("log")
-        ax.set_title(f"teacher-forced error after distillation {dataset} / {size}".strip())
-        ax.legend(fontsize=7)
+        ax.set_title("relative attention-output error" if metric == "rel_err" else metric)
+        ax.legend(fontsize=6)
     save(fig, out)
 
 
