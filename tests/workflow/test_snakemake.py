@@ -192,8 +192,11 @@ def test_an_interrupted_workflow_resumes_without_recomputing(project):
     # one core: jobs run one after another, so the interrupt lands mid-grid
     args = [sys.executable, "-m", "snakemake", "--cores", "1", "--configfile", "config/tiny.yaml",
             "--config", f"results={results}"]
+    # A shell without job control starts background commands with SIGINT ignored, and children
+    # inherit that; restore the default so the interrupt below acts like Ctrl-C in a terminal.
     proc = subprocess.Popen(args, cwd=project, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 600
     while not list(results.glob("cells/**/record.json")) and time.time() < deadline:
         time.sleep(0.2)
