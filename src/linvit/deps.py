@@ -9,7 +9,6 @@ editing a shared module (`attention/base.py`, `train/loop.py`) touches every job
 from __future__ import annotations
 
 import ast
-import hashlib
 import inspect
 from functools import lru_cache
 from pathlib import Path
@@ -121,9 +120,3 @@ def stage_sources(stage: str, operators=(), losses=(), datasets=()) -> list[Path
               if n in selected[kind]}
     return sorted(files | shared)
 
-
-def digest(paths) -> str:
-    h = hashlib.sha256()
-    for p in sorted(Path(x) for x in paths):
-        h.update(str(p.relative_to(SRC_ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()

@@ -11,9 +11,6 @@ import torch
 
 from linvit.data.loaders import TensorLoader
 
-SPLITS = ("train", "test")
-
-
 class DatasetNotFound(FileNotFoundError):
     """A dataset that is not on disk; the message names the paths looked at and how to install."""
 
