@@ -246,8 +246,86 @@ class ImportConfig:
         _existing_file("file", self.file)
 
 
+@dataclass
+class ScenesConfig:
+    """`linvit make-scenes`: the embedded dense data (see linvit.dense.scenes)."""
+    size: int = 64
+    train: int = 800
+    val: int = 200
+    max_objects: int = 4
+    min_scale: float = 0.35
+    max_scale: float = 0.75
+    seed: int = 0
+    sprites_root: str | None = None     # Fashion-MNIST files (None: Debian's package)
+
+    def validate(self, p: str) -> None:
+        for name in ("size", "train", "val", "max_objects"):
+            _positive(name, getattr(self, name))
+        if not 0 < self.min_scale <= self.max_scale <= 1:
+            raise ConfigError("min_scale/max_scale: need 0 < min_scale <= max_scale <= 1")
+
+
+@dataclass
+class DenseDataCfg:
+    kind: Literal["scenes", "ade20k", "coco"] = "scenes"
+    root: str | None = None           # scenes folder (make-scenes), or ADE20K / COCO root
+    img_size: int = 64                # images are resized to img_size x img_size
+    batch_size: int = 4
+    workers: int = 0
+
+    def validate(self, p: str) -> None:
+        if self.root is None:
+            raise ConfigError(f"{p}.root: required (a folder from `linvit make-scenes`, or an "
+                              "ADE20K / COCO root)")
+        if not Path(self.root).is_dir():
+            raise ConfigError(f"{p}.root: folder not found: {self.root}")
+        for name in ("img_size", "batch_size"):
+            _positive(f"{p}.{name}", getattr(self, name))
+        if self.img_size % 32:
+            raise ConfigError(f"{p}.img_size: {self.img_size} is not a multiple of 32 (the "
+                              "coarsest feature stride)")
+
+
+@dataclass
+class DenseModelCfg:
+    head_channels: int = 64           # width of the UPerHead / FPN / RoI heads
+
+    def validate(self, p: str) -> None:
+        _positive(f"{p}.head_channels", self.head_channels)
+
+
+@dataclass
+class DenseOptimCfg:
+    lr: float = 2.0e-4
+    weight_decay: float = 0.05
+    iters: int = 300
+    checkpoint_every: int = 100       # iterations between mmengine checkpoints (resume points)
+
+    def validate(self, p: str) -> None:
+        for name in ("lr", "iters", "checkpoint_every"):
+            _positive(f"{p}.{name}", getattr(self, name))
+
+
+@dataclass
+class DenseConfig:
+    """`linvit segment` (UperNet) and `linvit detect` (Mask R-CNN) on a linvit backbone."""
+    checkpoint: str | None = None     # any linvit model.safetensors: teacher or student
+    pretrain_dataset: str = "fashion_mnist"   # whose normalisation the backbone learned with
+    data: DenseDataCfg = field(default_factory=DenseDataCfg)
+    model: DenseModelCfg = field(default_factory=DenseModelCfg)
+    optim: DenseOptimCfg = field(default_factory=DenseOptimCfg)
+    run: RunCfg = field(default_factory=lambda: RunCfg(eval_every=0))
+
+    def validate(self, p: str) -> None:
+        if self.checkpoint is None:
+            raise ConfigError("checkpoint: required (a linvit model.safetensors)")
+        _existing_file("checkpoint", self.checkpoint)
+        _one_of("pretrain_dataset", self.pretrain_dataset, DATASETS)
+
+
 STAGE_CONFIGS = {"pretrain": PretrainConfig, "distill": DistillConfig, "finetune": FinetuneConfig,
-                 "evaluate": EvaluateConfig, "import-teacher": ImportConfig}
+                 "evaluate": EvaluateConfig, "import-teacher": ImportConfig,
+                 "make-scenes": ScenesConfig, "segment": DenseConfig, "detect": DenseConfig}
 
 
 # --- generic machinery -------------------------------------------------------------------------

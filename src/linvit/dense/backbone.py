@@ -1,0 +1,90 @@
+"""A linvit ViT (any operator) as an mmseg/mmdet backbone, with a simple feature pyramid.
+
+The ViT comes from a linvit checkpoint (teacher or transferred student) or a spec: its position
+embedding is resampled to the dense image size and its patch embedding adapted to the input
+channels (timm's helpers), the classifier is dropped, and every other tensor must load (strict,
+named errors). As in ViTDet, the last block's patch tokens are turned into four maps at strides
+4, 8, 16 and 32 pixels by transposed convolutions and pooling, so UperNet and Mask R-CNN (FPN)
+heads fit unchanged.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from linvit.models import ModelSpec, create_vit, load_strict, read_spec, read_state_dict
+
+STRIDES = (4, 8, 16, 32)
+
+
+def _level(channels: int, scale: float) -> nn.Module:
+    """Resample a (B, C, h, w) map by `scale` (a power of two)."""
+    if scale == 1:
+        return nn.Identity()
+    if scale < 1:
+        return nn.MaxPool2d(kernel_size=int(round(1 / scale)))
+    layers = []
+    for i in range(int(math.log2(scale))):
+        if i:
+            layers += [nn.GroupNorm(1, channels), nn.GELU()]
+        layers.append(nn.ConvTranspose2d(channels, channels, 2, stride=2))
+    return nn.Sequential(*layers)
+
+
+def adapted_state(checkpoint: str, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors reshaped for a ViT of another image size / channel count."""
+    from timm.layers import resample_abs_pos_embed
+    from timm.models._manipulate import adapt_input_conv
+
+    state = {k: v for k, v in read_state_dict(checkpoint).items() if not k.startswith("head.")}
+    own = model.state_dict()
+    if state["pos_embed"].shape != own["pos_embed"].shape:
+        prefix = model.num_prefix_tokens
+        state["pos_embed"] = resample_abs_pos_embed(
+            state["pos_embed"], new_size=model.patch_embed.grid_size, num_prefix_tokens=prefix)
+    weight = "patch_embed.proj.weight"
+    if state[weight].shape[1] != own[weight].shape[1]:
+        state[weight] = adapt_input_conv(own[weight].shape[1], state[weight])
+    return state
+
+
+class LinViTBackbone(nn.Module):
+    """mmseg/mmdet backbone: `checkpoint` (a linvit model.safetensors) or `spec` (a ModelSpec
+    dict, random init) gives the ViT; returns four feature maps at STRIDES."""
+
+    def __init__(self, checkpoint: str | None = None, spec: dict | None = None,
+                 img_size: int = 64, in_chans: int = 3, init_cfg=None):
+        super().__init__()
+        if (checkpoint is None) == (spec is None):
+            raise ValueError("LinViTBackbone needs exactly one of checkpoint or spec")
+        base = read_spec(checkpoint) if checkpoint else ModelSpec.from_dict(spec)
+        self.spec = ModelSpec(**{**base.as_dict(), "img_size": img_size, "in_chans": in_chans,
+                                 "num_classes": 0})
+        self.vit = create_vit(self.spec)
+        if checkpoint:
+            load_strict(self.vit, adapted_state(checkpoint, self.vit), checkpoint)
+        self.patch = self.vit.patch_embed.patch_size[0]
+        width = self.vit.embed_dim
+        self.levels = nn.ModuleList(_level(width, self.patch / s) for s in STRIDES)
+        self.out_channels = [width] * len(STRIDES)
+
+    def init_weights(self) -> None:
+        """Weights come from the checkpoint (or timm's init); nothing to do for mmengine."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        tokens = self.vit.forward_features(x)[:, self.vit.num_prefix_tokens:]   # (B, h*w, C)
+        B, N, C = tokens.shape
+        h, w = x.shape[2] // self.patch, x.shape[3] // self.patch
+        grid = tokens.transpose(1, 2).reshape(B, C, h, w)
+        return tuple(level(grid) for level in self.levels)
+
+
+def register() -> None:
+    """Make the backbone known to mmseg's and mmdet's registries (idempotent)."""
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmseg.registry import MODELS as SEG_MODELS
+
+    for registry in (SEG_MODELS, DET_MODELS):
+        registry.register_module(name="LinViTBackbone", module=LinViTBackbone, force=True)

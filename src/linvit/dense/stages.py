@@ -1,0 +1,106 @@
+"""Stage entry points: `linvit make-scenes`, `linvit segment` (UperNet), `linvit detect` (Mask
+R-CNN). A dense run folder holds the usual config.yaml, run.log and metrics.json, plus mmengine's
+own work/ folder (its logs and its checkpoints, from which an interrupted run resumes).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from linvit.config import ConfigError, DenseConfig, ScenesConfig, to_dict
+from linvit.train.common import completed_metrics
+from linvit.train.rundir import RunDir
+from linvit.train.runtime import seed_everything, setup_runtime
+
+log = logging.getLogger("linvit")
+
+
+def run_make_scenes(cfg: ScenesConfig, out, replace: bool = False) -> dict:
+    from linvit.data import get_dataset
+    from linvit.dense.scenes import SceneSpec, make_scenes
+
+    run = RunDir(out, "make-scenes", to_dict(cfg), replace=replace)
+    run.check()
+    if run.complete():
+        return completed_metrics(run)
+    ds = get_dataset("fashion_mnist")
+    sprites = {s: tuple(t.numpy() for t in ds.arrays(cfg.sprites_root, s))
+               for s in ("train", "test")}
+    run.open()
+    spec = SceneSpec(**{k: v for k, v in to_dict(cfg).items() if k != "sprites_root"})
+    manifest = make_scenes(out, (sprites["train"][0][:, 0], sprites["train"][1]),
+                           (sprites["test"][0][:, 0], sprites["test"][1]), spec)
+    return run.finish({"val_sha256": manifest["val_sha256"], "train": spec.train,
+                       "val": spec.val, "classes": manifest["classes"]})
+
+
+# mmengine's metric names -> linvit's
+METRIC_NAMES = {"mIoU": "mIoU", "aAcc": "aAcc", "mAcc": "mAcc",
+                "coco/bbox_mAP": "box_AP", "coco/bbox_mAP_50": "box_AP50",
+                "coco/segm_mAP": "mask_AP", "coco/segm_mAP_50": "mask_AP50"}
+
+
+def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
+    from linvit.data import get_dataset
+    from linvit.dense.scenes import verify_scenes
+    from linvit.models import SIZES, read_spec
+
+    rt = setup_runtime(cfg.run)
+    seed_everything(cfg.run.seed)
+    run = RunDir(out, task, to_dict(cfg), replace=replace)
+    run.check()
+    if run.complete():
+        return completed_metrics(run)
+    if cfg.data.kind == "scenes":
+        verify_scenes(cfg.data.root)
+    elif (cfg.data.kind == "coco") != (task == "detect"):
+        raise ConfigError(f"data.kind: {cfg.data.kind!r} does not fit {task}")
+    spec = read_spec(cfg.checkpoint)
+    info = get_dataset(cfg.pretrain_dataset).info()
+    mean = [255 * m for m in info.mean] * (3 // len(info.mean))
+    std = [255 * s for s in info.std] * (3 // len(info.std))
+    run.open(rt.is_main, f"{task} with a {spec.operator} {spec.size} backbone from {cfg.checkpoint}")
+    config = build_config(task, cfg, SIZES[spec.size].width, mean, std, str(run.path / "work"))
+    start = time.perf_counter()
+    metrics = train_and_validate(config)
+    elapsed = time.perf_counter() - start
+    result = {METRIC_NAMES[k]: v for k, v in metrics.items() if k in METRIC_NAMES}
+    if task == "detect":                    # mmdet reports AP in [0, 1]; tables use percent
+        result = {k: 100 * v for k, v in result.items()}
+    return run.finish({**result, "raw": metrics, "iters": cfg.optim.iters,
+                       "train_and_eval_s": elapsed, "step_s": elapsed / cfg.optim.iters,
+                       "backbone": spec.as_dict()})
+
+
+def build_config(task: str, cfg: DenseConfig, width: int, mean, std, work_dir: str):
+    from mmengine.config import Config
+
+    from linvit.dense.configs import detection_config, segmentation_config
+
+    make = segmentation_config if task == "segment" else detection_config
+    return Config(make(cfg, cfg.checkpoint, None, width, mean, std, work_dir))
+
+
+def train_and_validate(config) -> dict:
+    """mmengine's Runner: train (resuming from work_dir's last checkpoint), then validate."""
+    from mmengine.runner import Runner
+
+    from linvit.dense.backbone import register
+    from linvit.dense.safe_load import allow_mmengine_checkpoints
+
+    register()
+    allow_mmengine_checkpoints()
+    if not Path(config.work_dir, "last_checkpoint").is_file():
+        config.resume = False
+    runner = Runner.from_cfg(config)
+    runner.train()
+    return {k: float(v) for k, v in runner.val().items()}
+
+
+def run_segment(cfg: DenseConfig, out, replace: bool = False) -> dict:
+    return run_dense("segment", cfg, out, replace)
+
+
+def run_detect(cfg: DenseConfig, out, replace: bool = False) -> dict:
+    return run_dense("detect", cfg, out, replace)
