@@ -1,4 +1,5 @@
 # linvit ablation workflow: teacher -> distill -> finetune cells -> collect -> tables, figures, report.
+# `snakemake dense` adds the dense tasks (UperNet, Mask R-CNN) on chosen backbones.
 # The grid, paths, CLI arguments and code-dependency map come from linvit (src/linvit/grid.py,
 # src/linvit/deps.py); rules here only wire them.
 from snakemake.utils import min_version, validate
@@ -20,6 +21,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/teacher.smk"
 include: "workflow/rules/transfer.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/dense.smk"
 
 
 rule all:

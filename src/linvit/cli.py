@@ -24,7 +24,7 @@ STAGES = {
     "evaluate": ("evaluate a checkpoint on a dataset's test split",
                  "linvit.train.stages:run_evaluate"),
     "make-scenes": ("compose the embedded dense dataset from Fashion-MNIST sprites",
-                    "linvit.dense.stages:run_make_scenes"),
+                    "linvit.dense.scenes:run_make_scenes"),
     "segment": ("UperNet semantic segmentation (mmseg) on a linvit backbone",
                 "linvit.dense.stages:run_segment"),
     "detect": ("Mask R-CNN instance segmentation (mmdet) on a linvit backbone",

@@ -187,6 +187,34 @@ def check_config(config: dict, existing_file: str) -> None:
                 raise ConfigError(f"stages.{_STAGE_OF[cls.__name__]} (dataset {dataset}): {e}") from None
 
 
+    check_dense(config, existing_file)
+
+
+def check_dense(config: dict, existing_file: str) -> None:
+    """The dense sub-grid: its backbones are cells of the grid, its stage overrides build."""
+    from pathlib import Path
+
+    from linvit.config import ConfigError, DenseConfig, ScenesConfig, load_config
+
+    if not config.get("dense"):
+        return
+    try:
+        jobs = dense_jobs(config, expand_grid(config))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        load_config(ScenesConfig, None, flatten(config["dense"].get("scenes", {})))
+    except ConfigError as e:
+        raise ConfigError(f"dense.scenes: {e}") from None
+    folder = str(Path(existing_file).parent)
+    for job in {j.task: j for j in jobs}.values():
+        words = shlex.split(dense_args(config, job, existing_file, folder, "x"))
+        try:
+            load_config(DenseConfig, None, [w for w in words if "=" in w])
+        except ConfigError as e:
+            raise ConfigError(f"dense.stages.{job.task}: {e}") from None
+
+
 _STAGE_OF = {"PretrainConfig": "teacher", "DistillConfig": "distill", "FinetuneConfig": "finetune"}
 
 
@@ -206,3 +234,68 @@ def grid_document(config: dict, cells: list[Cell]) -> dict:
             "size": list(config["sizes"]),
         },
     }
+
+
+# --- dense tasks ------------------------------------------------------------------------------
+TEACHER_BACKBONE = "teacher"
+
+
+@dataclass(frozen=True)
+class DenseJob:
+    """One dense fine-tuning: a task on the backbone of a teacher or of a fine-tuned cell."""
+    task: str
+    dataset: str
+    size: str
+    backbone: str            # "teacher" or "<operator>.<init>.<loss>.seed<seed>"
+
+    @property
+    def cell(self) -> Cell | None:
+        if self.backbone == TEACHER_BACKBONE:
+            return None
+        op, init, loss, seed = self.backbone.split(".")
+        return Cell(self.dataset, self.size, op, init, loss, int(seed.removeprefix("seed")))
+
+    def key(self) -> dict:
+        c = self.cell
+        return {"task": self.task, "dataset": self.dataset, "size": self.size,
+                "operator": c.operator if c else "softmax",
+                "init": c.init if c else TEACHER_BACKBONE, "loss": c.loss if c else NO_LOSS,
+                "seed": c.seed if c else 0}
+
+
+def backbone_label(cell: Cell) -> str:
+    return f"{cell.operator}.{cell.init}.{cell.loss}.seed{cell.seed}"
+
+
+def dense_jobs(config: dict, cells: list[Cell]) -> list[DenseJob]:
+    """The dense sub-grid: each task on the teacher and on the chosen cells' backbones."""
+    dense = config.get("dense") or {}
+    jobs = []
+    for task, dataset, size in itertools.product(dense.get("tasks", []), config["datasets"],
+                                                 config["sizes"]):
+        jobs.append(DenseJob(task, dataset, size, TEACHER_BACKBONE))
+        for op, init, seed in itertools.product(dense["operators"], dense["strategies"],
+                                                dense.get("seeds", config["seeds"][:1])):
+            loss = config["main_loss"] if get_strategy(init).needs_distilled else NO_LOSS
+            cell = Cell(dataset, size, op, init, loss, seed)
+            if cell not in cells:
+                raise ValueError(f"dense: backbone {backbone_label(cell)} is not a cell of the "
+                                 "grid; add its operator/strategy/seed to the grid")
+            jobs.append(DenseJob(task, dataset, size, backbone_label(cell)))
+    return jobs
+
+
+def dense_dir(results: str, job: DenseJob) -> str:
+    return f"{results}/dense/{job.task}/{job.dataset}/{job.size}/{job.backbone}"
+
+
+def scenes_args(config: dict, out_dir: str) -> str:
+    return _command("make-scenes", out_dir, dict(config["dense"].get("scenes", {})))
+
+
+def dense_args(config: dict, job: DenseJob, checkpoint: str, scenes: str, out_dir: str) -> str:
+    dense = config["dense"]
+    tree = _merge({"data": {"root": scenes}}, dense.get("stages", {}).get(job.task, {}) or {},
+                  {"checkpoint": checkpoint,
+                   "pretrain_dataset": config["datasets"][job.dataset]["dataset"]})
+    return _command(job.task, out_dir, tree)

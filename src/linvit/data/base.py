@@ -44,6 +44,10 @@ class InMemoryDataset:
                              f"data.img_size={img_size} is not supported for it")
         return self.info_
 
+    def normalisation(self) -> tuple[tuple, tuple]:
+        """(mean, std) per channel in [0, 1] units, known without the data on disk."""
+        return self.info_.mean, self.info_.std
+
     def arrays(self, root: str | None, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 

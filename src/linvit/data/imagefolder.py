@@ -24,6 +24,11 @@ class ImageFolderDataset:
             raise DatasetNotFound(f"imagefolder split {split!r} not found at {d}. {self.install_hint}")
         return d
 
+    def normalisation(self) -> tuple[tuple, tuple]:
+        from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+        return tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD)
+
     def info(self, root=None, img_size=None) -> DataInfo:
         from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 

@@ -45,8 +45,12 @@ def adapted_state(checkpoint: str, model: nn.Module) -> dict[str, torch.Tensor]:
         state["pos_embed"] = resample_abs_pos_embed(
             state["pos_embed"], new_size=model.patch_embed.grid_size, num_prefix_tokens=prefix)
     weight = "patch_embed.proj.weight"
-    if state[weight].shape[1] != own[weight].shape[1]:
-        state[weight] = adapt_input_conv(own[weight].shape[1], state[weight])
+    have, want = state[weight].shape[1], own[weight].shape[1]
+    if have == 1 and want > 1:
+        # a grey image copied into every channel gives the checkpoint's own activations
+        state[weight] = state[weight].repeat(1, want, 1, 1) / want
+    elif have != want:
+        state[weight] = adapt_input_conv(want, state[weight])
     return state
 
 

@@ -183,3 +183,25 @@ def verify_scenes(root: str | Path) -> dict:
         raise ValueError(f"{root}: validation scenes changed (sha256 {actual[:12]} != "
                          f"{manifest['val_sha256'][:12]}); regenerate them")
     return manifest
+
+
+def run_make_scenes(cfg, out, replace: bool = False) -> dict:
+    """`linvit make-scenes`: sprites from Fashion-MNIST's train and test splits."""
+    from linvit.config import to_dict
+    from linvit.data import get_dataset
+    from linvit.train.common import completed_metrics
+    from linvit.train.rundir import RunDir
+
+    run = RunDir(out, "make-scenes", to_dict(cfg), replace=replace)
+    run.check()
+    if run.complete():
+        return completed_metrics(run)
+    ds = get_dataset("fashion_mnist")
+    sprites = {s: tuple(t.numpy() for t in ds.arrays(cfg.sprites_root, s))
+               for s in ("train", "test")}
+    run.open()
+    spec = SceneSpec(**{k: v for k, v in to_dict(cfg).items() if k != "sprites_root"})
+    manifest = make_scenes(out, (sprites["train"][0][:, 0], sprites["train"][1]),
+                           (sprites["test"][0][:, 0], sprites["test"][1]), spec)
+    return run.finish({"val_sha256": manifest["val_sha256"], "train": spec.train,
+                       "val": spec.val, "classes": manifest["classes"]})

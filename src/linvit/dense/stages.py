@@ -1,5 +1,5 @@
-"""Stage entry points: `linvit make-scenes`, `linvit segment` (UperNet), `linvit detect` (Mask
-R-CNN). A dense run folder holds the usual config.yaml, run.log and metrics.json, plus mmengine's
+"""Stage entry points `linvit segment` (UperNet) and `linvit detect` (Mask R-CNN). A dense run
+folder holds the usual config.yaml, run.log and metrics.json, plus mmengine's
 own work/ folder (its logs and its checkpoints, from which an interrupted run resumes).
 """
 from __future__ import annotations
@@ -8,31 +8,12 @@ import logging
 import time
 from pathlib import Path
 
-from linvit.config import ConfigError, DenseConfig, ScenesConfig, to_dict
+from linvit.config import ConfigError, DenseConfig, to_dict
 from linvit.train.common import completed_metrics
 from linvit.train.rundir import RunDir
 from linvit.train.runtime import seed_everything, setup_runtime
 
 log = logging.getLogger("linvit")
-
-
-def run_make_scenes(cfg: ScenesConfig, out, replace: bool = False) -> dict:
-    from linvit.data import get_dataset
-    from linvit.dense.scenes import SceneSpec, make_scenes
-
-    run = RunDir(out, "make-scenes", to_dict(cfg), replace=replace)
-    run.check()
-    if run.complete():
-        return completed_metrics(run)
-    ds = get_dataset("fashion_mnist")
-    sprites = {s: tuple(t.numpy() for t in ds.arrays(cfg.sprites_root, s))
-               for s in ("train", "test")}
-    run.open()
-    spec = SceneSpec(**{k: v for k, v in to_dict(cfg).items() if k != "sprites_root"})
-    manifest = make_scenes(out, (sprites["train"][0][:, 0], sprites["train"][1]),
-                           (sprites["test"][0][:, 0], sprites["test"][1]), spec)
-    return run.finish({"val_sha256": manifest["val_sha256"], "train": spec.train,
-                       "val": spec.val, "classes": manifest["classes"]})
 
 
 # mmengine's metric names -> linvit's
@@ -57,9 +38,9 @@ def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
     elif (cfg.data.kind == "coco") != (task == "detect"):
         raise ConfigError(f"data.kind: {cfg.data.kind!r} does not fit {task}")
     spec = read_spec(cfg.checkpoint)
-    info = get_dataset(cfg.pretrain_dataset).info()
-    mean = [255 * m for m in info.mean] * (3 // len(info.mean))
-    std = [255 * s for s in info.std] * (3 // len(info.std))
+    mean, std = get_dataset(cfg.pretrain_dataset).normalisation()
+    mean = [255 * m for m in mean] * (3 // len(mean))         # grey statistics on every channel
+    std = [255 * s for s in std] * (3 // len(std))
     run.open(rt.is_main, f"{task} with a {spec.operator} {spec.size} backbone from {cfg.checkpoint}")
     config = build_config(task, cfg, SIZES[spec.size].width, mean, std, str(run.path / "work"))
     start = time.perf_counter()

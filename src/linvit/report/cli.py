@@ -6,6 +6,7 @@
     figures    results/curves/distill_layers -> figures/*.{png,pdf}
     attention  teacher and distilled students -> figures/attention_maps.{png,pdf}
     report     tables + figures -> report.md
+    dense      results.csv -> tables/dense.*, figures/dense.*, dense.md
 
 grid.json (written by the workflow) holds the expected cells, the axis orders and the main loss.
 """
@@ -18,14 +19,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m linvit.report.cli", description=__doc__)
     sub = p.add_subparsers(dest="step", required=True)
     r = sub.add_parser("record")
-    r.add_argument("--kind", required=True, choices=["teacher", "distill", "cell"])
+    r.add_argument("--kind", required=True, choices=["teacher", "distill", "cell", "dense"])
     r.add_argument("--key", required=True, help="JSON object naming the job")
     r.add_argument("--run-dir", required=True)
     r.add_argument("--status", type=int, required=True, help="the linvit run's exit status")
     r.add_argument("--log")
     r.add_argument("--out", required=True)
     c = sub.add_parser("collect")
-    c.add_argument("--grid", required=True)
+    c.add_argument("--grid", help="grid.json: its cells without a record appear as missing")
     c.add_argument("--out", required=True)
     c.add_argument("records", nargs="*")
     t = sub.add_parser("tables")
@@ -39,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--layers", required=True)
     d.add_argument("--tables", required=True)
     d.add_argument("--figures", nargs="*", default=[])
+    dn = sub.add_parser("dense")
+    dn.add_argument("--grid", required=True)
+    dn.add_argument("--results", required=True)
+    dn.add_argument("--tables", required=True)
+    dn.add_argument("--figures", required=True)
+    dn.add_argument("--out", required=True)
     at = sub.add_parser("attention")
     at.add_argument("--teacher-record", required=True, help="the teacher job's record.json")
     at.add_argument("--student-record", action="append", default=[],
@@ -54,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 # code-dependency map (linvit.deps) ties a step to its module alone.
 COMMANDS = {"record": "linvit.report.record", "collect": "linvit.report.collect",
             "tables": "linvit.report.tables", "figures": "linvit.report.figures",
-            "attention": "linvit.report.attention_maps", "report": "linvit.report.document"}
+            "attention": "linvit.report.attention_maps", "report": "linvit.report.document",
+            "dense": "linvit.report.dense"}
 
 
 def main(argv=None) -> int:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
-KEY = ["kind", "dataset", "size", "operator", "init", "loss", "seed"]
+KEY = ["kind", "task", "dataset", "size", "operator", "init", "loss", "seed"]
 METRICS = ["top1", "top5", "loss", "train_time_s", "epochs", "params", "eval_img_per_s",
-           "train_img_per_s"]
+           "train_img_per_s", "mIoU", "aAcc", "box_AP", "mask_AP", "step_s"]
 
 
 def _flat(tree: dict, prefix: str) -> dict:
@@ -59,7 +59,7 @@ def curves_frame(records: list[dict]) -> pd.DataFrame:
                     for r in records if r["kind"] == "distill" and r["status"] == "ok"}
     rows = []
     for r in records:
-        if r["status"] != "ok" or r["kind"] == "distill":
+        if r["status"] != "ok" or r["kind"] in ("distill", "dense"):
             continue
         k = r["key"]
         offset = distill_time.get((k.get("dataset"), k.get("size"), k.get("operator"),
@@ -109,4 +109,4 @@ def run_step(a) -> None:
     from linvit.report.files import read_grid
     from linvit.report.record import read_records
 
-    collect(read_records(a.records), read_grid(a.grid)["cells"], a.out)
+    collect(read_records(a.records), read_grid(a.grid)["cells"] if a.grid else [], a.out)

@@ -1,0 +1,88 @@
+"""The dense results: table (mIoU, aAcc, box AP, mask AP by backbone), figure, dense.md.
+
+Rows are backbones (the softmax teacher, then each operator x init strategy); a job that failed
+or has not run reads "failed" / "missing" like every other table.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from linvit.io import write_text
+from linvit.report.plotting import new_figure, save
+from linvit.report.tables import CAPTIONS, summarize, to_latex, to_markdown
+
+COLUMNS = [("segment", "mIoU"), ("segment", "aAcc"), ("detect", "box_AP"),
+           ("detect", "mask_AP")]
+CAPTIONS["dense"] = ("Dense tasks on the embedded scenes: UperNet mIoU / aAcc and Mask R-CNN box "
+                     "/ mask AP (%) by backbone")
+
+
+def _value(group: pd.DataFrame, metric: str) -> str:
+    ok = group[group["status"] == "ok"][metric].dropna().astype(float).tolist() \
+        if metric in group else []
+    if not ok:
+        return "failed" if "failed" in set(group["status"]) else "missing"
+    mean, ci, _ = summarize(ok)
+    return f"{mean:.2f}" if ci is None else f"{mean:.2f} ± {ci:.2f}"
+
+
+def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
+    dense = results[results["kind"] == "dense"]
+    rows, index = [], []
+    order = {"init": ["teacher"] + orders.get("init", []), "operator": orders.get("operator", [])}
+    keys = sorted({(d, s, o, i) for d, s, o, i in zip(dense["dataset"], dense["size"],
+                                                       dense["operator"], dense["init"])},
+                  key=lambda k: (k[0], k[1], _rank(order["init"], k[3]),
+                                 _rank(order["operator"], k[2])))
+    for dataset, size, op, init in keys:
+        part = dense[(dense["dataset"] == dataset) & (dense["size"] == size)
+                     & (dense["operator"] == op) & (dense["init"] == init)]
+        rows.append([_value(part[part["task"] == task], metric) for task, metric in COLUMNS])
+        index.append((dataset, size, "softmax teacher" if init == "teacher" else f"{op} {init}"))
+    return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in COLUMNS],
+                        index=pd.MultiIndex.from_tuples(index, names=["dataset", "size",
+                                                                      "backbone"]))
+
+
+def _rank(order: list, value) -> tuple:
+    return (order.index(value), "") if value in order else (len(order), str(value))
+
+
+def dense_figure(table: pd.DataFrame, out: Path) -> None:
+    fig, axes = new_figure(len(table.columns), width=3.6)
+    labels = [idx[-1] for idx in table.index]
+    for ax, column in zip(axes, table.columns):
+        values = [float(v.split()[0]) if v and v[0].isdigit() else float("nan")
+                  for v in table[column]]
+        ax.barh(range(len(values)), values)
+        ax.set_yticks(range(len(values)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(column)
+    save(fig, out)
+
+
+def write_dense(results: pd.DataFrame, orders: dict, tables_dir: Path, figures_dir: Path,
+                out: Path) -> None:
+    table = dense_table(results, orders)
+    for ext, text in (("csv", table.reset_index().to_csv(index=False)),
+                      ("md", to_markdown(table)), ("tex", to_latex(table, CAPTIONS["dense"]))):
+        write_text(Path(tables_dir) / f"dense.{ext}", text)
+    dense_figure(table, Path(figures_dir) / "dense")
+    steps = results[(results["kind"] == "dense") & (results["status"] == "ok")]
+    lines = ["# Dense tasks\n", CAPTIONS["dense"] + ".\n", to_markdown(table)]
+    if "step_s" in steps and len(steps):
+        for task, group in steps.groupby("task"):
+            lines.append(f"- {task}: {group['step_s'].mean():.2f} s per training step on average")
+    rel = os.path.relpath(Path(figures_dir) / "dense.png", Path(out).parent)
+    lines.append(f"\n![dense]({rel})\n")
+    write_text(out, "\n".join(lines) + "\n")
+
+
+def run_step(a) -> None:
+    from linvit.report.files import read_csv, read_grid
+
+    write_dense(read_csv(a.results), read_grid(a.grid)["orders"], Path(a.tables),
+                Path(a.figures), Path(a.out))

@@ -1,0 +1,86 @@
+# Dense tasks (target `dense`): embedded scenes, then UperNet and Mask R-CNN fine-tuned on the
+# backbones of the teacher and of chosen cells; their own table, figure and dense.md.
+DENSE = grid.dense_jobs(config, CELLS)
+DENSE_OF = {j.backbone: j for j in DENSE}
+SCENES = f"{RESULTS}/scenes"
+
+
+def dense_job(wc):
+    return grid.DenseJob(wc.task, wc.dataset, wc.size, wc.backbone)
+
+
+def backbone_dir(wc):
+    cell = dense_job(wc).cell
+    return grid.cell_dir(RESULTS, cell) if cell else teacher_dir(wc)
+
+
+rule scenes:
+    input:
+        code=code("scenes", [], [], ["fashion_mnist"]),
+    output:
+        f"{SCENES}/MANIFEST.json",
+    log:
+        f"{RESULTS}/logs/scenes.log",
+    params:
+        args=lambda wc: grid.scenes_args(config, SCENES),
+    shell:
+        "{LINVIT} {params.args} > {log} 2>&1"
+
+
+rule dense_job:
+    input:
+        backbone=lambda wc: f"{backbone_dir(wc)}/record.json",
+        scenes=f"{SCENES}/MANIFEST.json",
+        code=lambda wc: code("dense", ["softmax", dense_job(wc).key()["operator"]], [],
+                             [config["datasets"][wc.dataset]["dataset"]]),
+    output:
+        record=f"{RESULTS}/dense/{{task}}/{{dataset}}/{{size}}/{{backbone}}/record.json",
+    log:
+        f"{RESULTS}/logs/dense/{{task}}/{{dataset}}/{{size}}/{{backbone}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/dense/{{task}}/{{dataset}}/{{size}}/{{backbone}}.tsv"
+    wildcard_constraints:
+        task="segment|detect",
+    params:
+        kind="dense",
+        dir=lambda wc: grid.dense_dir(RESULTS, dense_job(wc)),
+        key=lambda wc: json.dumps(dense_job(wc).key()),
+        args=lambda wc: grid.dense_args(config, dense_job(wc),
+                                        f"{backbone_dir(wc)}/model.safetensors", SCENES,
+                                        grid.dense_dir(RESULTS, dense_job(wc))),
+    threads: 1
+    resources:
+        gpu=0,
+    shell:
+        RUN_AND_RECORD
+
+
+rule dense_collect:
+    input:
+        records=[f"{grid.dense_dir(RESULTS, j)}/record.json" for j in DENSE],
+        code=code("collect"),
+    output:
+        f"{RESULTS}/dense/results.csv",
+        f"{RESULTS}/dense/curves.csv",
+        f"{RESULTS}/dense/distill_layers.csv",
+    log:
+        f"{RESULTS}/logs/dense_collect.log",
+    shell:
+        "{REPORT} collect --out {RESULTS}/dense {input.records} > {log} 2>&1"
+
+
+rule dense:
+    input:
+        grid=f"{RESULTS}/grid.json",
+        results=f"{RESULTS}/dense/results.csv",
+        code=code("dense_report"),
+    output:
+        f"{RESULTS}/dense.md",
+        expand(f"{RESULTS}/tables/dense.{{ext}}", ext=["csv", "md", "tex"]),
+        f"{RESULTS}/figures/dense.png",
+        f"{RESULTS}/figures/dense.pdf",
+    log:
+        f"{RESULTS}/logs/dense_report.log",
+    shell:
+        "{REPORT} dense --grid {input.grid} --results {input.results} --tables {RESULTS}/tables"
+        " --figures {RESULTS}/figures --out {RESULTS}/dense.md > {log} 2>&1"
