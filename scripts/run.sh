@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: set up, then regenerate the ablation grid of
 # config/config.yaml with Snakemake on 2 cores, ending in results/report.md. Rerunning does only
-# what changed; extra arguments go to Snakemake (e.g. -n for a dry run, --configfile FILE).
+# what changed; extra arguments go to Snakemake (e.g. -n for a dry run, --configfile FILE, or the
+# targets `dense` / `all dense` for the dense tasks, which first set up OpenMMLab).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+if [[ " $* " == *" dense "* ]]; then ./scripts/setup.sh --dense; else ./scripts/setup.sh; fi
 .venv/bin/snakemake --cores 2 --workflow-profile workflow/profiles/local "$@"
 results=$(.venv/bin/python -c "import yaml; print(yaml.safe_load(open('config/config.yaml'))['results'])")
 if [ -f "$results/tables/main.md" ] && [[ " $* " != *" -n "* ]]; then

@@ -2,6 +2,8 @@
 # Set up linvit on a fresh machine; safe to rerun (a stamp skips pip when nothing changed).
 #   - a virtual environment in .venv with torch, timm, linvit (editable), Snakemake, pandas,
 #     matplotlib and the test tools
+#   - with --dense, the OpenMMLab stack for the dense tasks (scripts/setup_openmmlab.sh: mmcv is
+#     compiled once, ~20 min on 2 cores, then reused from ~/.cache/linvit/wheels)
 #   - Fashion-MNIST from Debian's dataset-fashion-mnist package, when missing and apt is usable
 # TORCH_SPEC overrides the torch pin, e.g. TORCH_SPEC="torch torchvision" for the newest.
 set -euo pipefail
@@ -19,6 +21,10 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q $TORCH_SPEC
   .venv/bin/python -m pip install -q -e ".[workflow,test,data]"
   touch "$stamp"
+fi
+
+if [ "${1:-}" = "--dense" ]; then
+  ./scripts/setup_openmmlab.sh
 fi
 
 fmnist=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz

@@ -60,9 +60,15 @@ TINY = {
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, mnist_root):
     path = copy_project(tmp_path_factory.mktemp("project"))
+    dense_stage = {"data": {"batch_size": 2}, "optim": {"iters": 2, "checkpoint_every": 2},
+                   "model": {"head_channels": 32}}
     config = {"results": str(path / "results"),
               "datasets": {"synthetic": {"dataset": "fashion_mnist", "root": str(mnist_root)}},
-              **TINY}
+              **TINY,
+              "dense": {"tasks": ["segment", "detect"], "operators": ["linear"],
+                        "strategies": ["copy_mlp+distill"],
+                        "scenes": {"train": 12, "val": 6, "sprites_root": str(mnist_root)},
+                        "stages": {"segment": dense_stage, "detect": dense_stage}}}
     (path / "config" / "tiny.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     run = snakemake(path, "--cores", "2", "--configfile", "config/tiny.yaml")
     assert run.returncode == 0, run.stderr[-3000:]
@@ -213,3 +219,16 @@ def test_an_interrupted_workflow_resumes_without_recomputing(project):
     assert all(p.stat().st_mtime_ns == t for p, t in done.items())   # finished jobs kept
     assert len(list(results.glob("cells/**/record.json"))) == 8
     assert (results / "report.md").is_file()
+
+
+def test_dense_target_fine_tunes_teacher_and_student_backbones(project):
+    run = tiny(project, "dense")
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = (project / "results" / "tables" / "dense.md").read_text()
+    rows = [r for r in table.splitlines() if "| synthetic | cpu96 |" in r]
+    assert [r.split("|")[3].strip() for r in rows] == ["softmax teacher",
+                                                       "linear copy_mlp+distill"]
+    for row in rows:                       # mIoU, aAcc, box AP, mask AP: all measured
+        assert all(re.match(r"\d+\.\d\d$", v.strip()) for v in row.split("|")[4:8]), row
+    assert (project / "results" / "figures" / "dense.png").stat().st_size > 0
+    assert "s per training step" in (project / "results" / "dense.md").read_text()

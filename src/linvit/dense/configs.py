@@ -147,7 +147,7 @@ def detection_config(cfg, checkpoint, spec, width: int, mean, std, work_dir: str
     roi = dict(type="SingleRoIExtractor", out_channels=c, featmap_strides=[4, 8, 16, 32])
     model = dict(
         type="MaskRCNN",
-        data_preprocessor=dict(type="DetDataPreProcessor", mean=mean, std=std, bgr_to_rgb=True,
+        data_preprocessor=dict(type="DetDataPreprocessor", mean=mean, std=std, bgr_to_rgb=True,
                                pad_mask=True, pad_size_divisor=32),
         backbone=_backbone(cfg, checkpoint, spec),
         neck=dict(type="FPN", in_channels=[width] * 4, out_channels=c, num_outs=5),

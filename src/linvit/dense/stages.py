@@ -68,14 +68,19 @@ def train_and_validate(config) -> dict:
     from mmengine.runner import Runner
 
     from linvit.dense.backbone import register
-    from linvit.dense.safe_load import allow_mmengine_checkpoints
+    from linvit.dense.safe_load import mmengine_checkpoints_allowed
 
+    import importlib
+
+    # import every module of the task's package into its registries (mmdet does not do it lazily)
+    importlib.import_module(f"{config.default_scope}.utils").register_all_modules(
+        init_default_scope=False)
     register()
-    allow_mmengine_checkpoints()
     if not Path(config.work_dir, "last_checkpoint").is_file():
         config.resume = False
     runner = Runner.from_cfg(config)
-    runner.train()
+    with mmengine_checkpoints_allowed():
+        runner.train()
     return {k: float(v) for k, v in runner.val().items()}
 
 
