@@ -76,7 +76,8 @@ def project(tmp_path_factory, mnist_root):
 
 
 def tiny(project: Path, *args: str) -> subprocess.CompletedProcess:
-    return snakemake(project, "--cores", "2", "--configfile", "config/tiny.yaml", *args)
+    # targets first: --configfile takes every word after it
+    return snakemake(project, *args, "--cores", "2", "--configfile", "config/tiny.yaml")
 
 
 def test_paper_dag_has_the_full_grid(tmp_path):

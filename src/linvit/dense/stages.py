@@ -43,14 +43,12 @@ def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
     std = [255 * s for s in std] * (3 // len(std))
     run.open(rt.is_main, f"{task} with a {spec.operator} {spec.size} backbone from {cfg.checkpoint}")
     config = build_config(task, cfg, SIZES[spec.size].width, mean, std, str(run.path / "work"))
-    start = time.perf_counter()
-    metrics = train_and_validate(config)
-    elapsed = time.perf_counter() - start
+    metrics, train_s, eval_s = train_and_validate(config)
     result = {METRIC_NAMES[k]: v for k, v in metrics.items() if k in METRIC_NAMES}
     if task == "detect":                    # mmdet reports AP in [0, 1]; tables use percent
         result = {k: 100 * v for k, v in result.items()}
-    return run.finish({**result, "raw": metrics, "iters": cfg.optim.iters,
-                       "train_and_eval_s": elapsed, "step_s": elapsed / cfg.optim.iters,
+    return run.finish({**result, "raw": metrics, "iters": cfg.optim.iters, "train_s": train_s,
+                       "eval_s": eval_s, "step_s": train_s / cfg.optim.iters,
                        "backbone": spec.as_dict()})
 
 
@@ -63,8 +61,9 @@ def build_config(task: str, cfg: DenseConfig, width: int, mean, std, work_dir: s
     return Config(make(cfg, cfg.checkpoint, None, width, mean, std, work_dir))
 
 
-def train_and_validate(config) -> dict:
-    """mmengine's Runner: train (resuming from work_dir's last checkpoint), then validate."""
+def train_and_validate(config) -> tuple[dict, float, float]:
+    """mmengine's Runner: train (resuming from work_dir's last checkpoint), then validate.
+    Returns the validation metrics and the seconds spent training and validating."""
     from mmengine.runner import Runner
 
     from linvit.dense.backbone import register
@@ -79,9 +78,12 @@ def train_and_validate(config) -> dict:
     if not Path(config.work_dir, "last_checkpoint").is_file():
         config.resume = False
     runner = Runner.from_cfg(config)
+    start = time.perf_counter()
     with mmengine_checkpoints_allowed():
         runner.train()
-    return {k: float(v) for k, v in runner.val().items()}
+    middle = time.perf_counter()
+    metrics = {k: float(v) for k, v in runner.val().items()}
+    return metrics, middle - start, time.perf_counter() - middle
 
 
 def run_segment(cfg: DenseConfig, out, replace: bool = False) -> dict:
