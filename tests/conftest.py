@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 from pathlib import Path
 
@@ -9,6 +10,10 @@ import pytest
 import torch
 
 from linvit.models import ModelSpec, create_vit
+
+# Triton's interpreter has to be on before triton is first imported, so the kernel tests run in
+# their own process (see test_kernels.py); in any other process that folder is not collected.
+collect_ignore = [] if os.environ.get("TRITON_INTERPRET") == "1" else ["interpreted"]
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:

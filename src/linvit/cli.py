@@ -29,6 +29,8 @@ STAGES = {
                 "linvit.dense.stages:run_segment"),
     "detect": ("Mask R-CNN instance segmentation (mmdet) on a linvit backbone",
                "linvit.dense.stages:run_detect"),
+    "bench": ("time and peak memory of every operator against tokens, and of whole models "
+              "against resolution; prints the ratio table", "linvit.bench.stage:run_bench"),
 }
 CONFIG_OF = {"init": "finetune"}
 

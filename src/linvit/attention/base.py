@@ -83,13 +83,17 @@ class AttentionOperator(nn.Module):
         q, k, v = qkv.unbind(0)                                   # each (B, H, N, d)
         return self.q_norm(q), self.k_norm(k), v
 
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """How heads mix tokens, (B, H, N, d) -> (B, H, N, d): all of the operator but the
+        projections every operator shares (what `linvit bench` times)."""
+        out = self.global_mix(q, k, v)
+        local = self.local_mix(v)
+        return out if local is None else out + local
+
     def _forward(self, x: torch.Tensor, need_map: bool):
         B, N, C = x.shape
         q, k, v = self.project(x)
-        out = self.global_mix(q, k, v)
-        local = self.local_mix(v)
-        if local is not None:
-            out = out + local
+        out = self.mix(q, k, v)
         attn_map = self.attention_map(q, k) if need_map else None
         out = out.transpose(1, 2).reshape(B, N, C)
         out = self.proj_drop(self.proj(self.norm(out)))

@@ -4,8 +4,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from linvit.attention.base import AttentionOperator
-from linvit.ops.linear_attention import (normalized_linear_attention,
-                                         normalized_linear_attention_map)
+from linvit.ops.linear_attention import linear_attention, normalized_linear_attention_map
 
 
 class LinearAttention(AttentionOperator):
@@ -15,7 +14,8 @@ class LinearAttention(AttentionOperator):
         return F.elu(x.float()) + 1.0                              # > 0 everywhere
 
     def global_mix(self, q, k, v):
-        return normalized_linear_attention(self.feature_map(q), self.feature_map(k), v)
+        # the feature map is fused into the core (it is recomputed in backward, never stored)
+        return linear_attention(q, k, v, kind="elu1")
 
     def attention_map(self, q, k):
         return normalized_linear_attention_map(self.feature_map(q), self.feature_map(k))

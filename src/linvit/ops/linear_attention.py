@@ -1,16 +1,27 @@
 """Bidirectional (non-causal) attention cores: tensors in, tensors out.
 
-Shape convention everywhere: q, k (B, H, N, Dk) after the feature map, v (B, H, N, Dv).
-Each core has two paths that must agree: the efficient one used in training, and an explicit
-one that forms the (B, H, N, N) map multiplying V, which map-level distillation needs and the
-tests compare against.
+Shape convention everywhere: q, k (B, H, N, Dk), v (B, H, N, Dv).
+Each core has an efficient path used in training and an explicit one that forms the (B, H, N, N)
+map multiplying V, which map-level distillation needs and the tests compare against.
+
+The efficient path has three backends that must agree (tests/test_kernels.py):
+  reference  plain einsum + autograd: the readable definition;
+  torch      one fused autograd Function in bmm (linvit.ops.fused_torch): the CPU default;
+  triton     fused kernels (linvit.ops.triton_kernels): the CUDA default.
+`backend("name")` forces one (benchmarks and tests); "auto" picks by device.
 
 Numerics: cores run in float32 whatever the input dtype (bf16 sums over thousands of tokens lose
 too many bits), and results are cast back.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
+
 import torch
+
+from linvit.ops.fused_torch import FEATURES, feature, fused_linear_attention
 
 # Feature maps used here are strictly positive, so the normaliser sum_j phi(q_i).phi(k_j) is > 0
 # in exact arithmetic. In float32 it can still underflow to 0 (elu(x)+1 = exp(x) for x < -87, or a
@@ -19,24 +30,76 @@ import torch
 # map, and O(N) for elu+1 and softmax maps) yet keeps the all-underflow case finite (output -> 0).
 NORMALISER_EPS = 1e-6
 
+BACKENDS = ("auto", "reference", "torch", "triton")
+_BACKEND = contextvars.ContextVar("linvit_linear_attention_backend", default="auto")
+
+
+@contextlib.contextmanager
+def backend(name: str):
+    """Force the backend of every linear-attention core called inside the block."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown linear-attention backend {name!r}; allowed: {BACKENDS}")
+    token = _BACKEND.set(name)
+    try:
+        yield
+    finally:
+        _BACKEND.reset(token)
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import linvit.ops.triton_kernels  # noqa: F401
+    except Exception:                     # no triton, or a triton that cannot load here
+        return False
+    return True
+
+
+def resolve_backend(t: torch.Tensor) -> str:
+    name = _BACKEND.get()
+    if name == "auto":
+        return "triton" if t.is_cuda and triton_available() else "torch"
+    if name == "triton" and not triton_available():
+        raise RuntimeError("backend 'triton' requested but triton cannot be imported")
+    return name
+
 
 def _f32(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t.float() for t in ts)
 
 
-def normalized_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                                eps: float = NORMALISER_EPS) -> torch.Tensor:
-    """o_i = phi(q_i) S / (phi(q_i) z + eps), S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j).
+def _reference(q, k, v, kind: str, normalize: bool, eps: float) -> torch.Tensor:
+    phi_q, phi_k, v32 = feature(q, kind), feature(k, kind), v.float()
+    kv = torch.einsum("bhnk,bhnv->bhkv", phi_k, v32)          # (B, H, Dk, Dv)
+    out = torch.einsum("bhnk,bhkv->bhnv", phi_q, kv)          # (B, H, N, Dv)
+    if normalize:
+        den = torch.einsum("bhnk,bhk->bhn", phi_q, phi_k.sum(dim=2)).unsqueeze(-1)
+        out = out / (den + eps)
+    return out.to(v.dtype)
+
+
+def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str = "identity",
+                     normalize: bool = True, eps: float = NORMALISER_EPS) -> torch.Tensor:
+    """o_i = phi(q_i) S / (phi(q_i) z + eps) (or phi(q_i) S unnormalised), S = sum_j phi(k_j)^T v_j,
+    z = sum_j phi(k_j), phi = `kind` ("identity" or "elu1" = elu(x) + 1).
 
     Costs O(N Dk Dv) instead of O(N^2 (Dk + Dv)).
     """
-    dtype = v.dtype
-    phi_q, phi_k, v = _f32(phi_q, phi_k, v)
-    kv = torch.einsum("bhnk,bhnv->bhkv", phi_k, v)          # (B, H, Dk, Dv)
-    z = phi_k.sum(dim=2)                                     # (B, H, Dk)
-    num = torch.einsum("bhnk,bhkv->bhnv", phi_q, kv)         # (B, H, N, Dv)
-    den = torch.einsum("bhnk,bhk->bhn", phi_q, z).unsqueeze(-1)
-    return (num / (den + eps)).to(dtype)
+    if kind not in FEATURES:
+        raise ValueError(f"unknown feature map {kind!r}; allowed: {FEATURES}")
+    name = resolve_backend(q)
+    if name == "triton" and max(q.shape[-1], v.shape[-1]) <= 128:
+        from linvit.ops.triton_kernels import triton_linear_attention
+        return triton_linear_attention(q, k, v, kind, normalize, eps)
+    if name == "reference":
+        return _reference(q, k, v, kind, normalize, eps)
+    return fused_linear_attention(q, k, v, kind, normalize, eps)
+
+
+def normalized_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
+                                eps: float = NORMALISER_EPS) -> torch.Tensor:
+    """Normalised linear attention on features already computed (focused, hedgehog)."""
+    return linear_attention(phi_q, phi_k, v, "identity", True, eps)
 
 
 def normalized_linear_attention_map(phi_q: torch.Tensor, phi_k: torch.Tensor,
@@ -52,13 +115,13 @@ def injective_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """InLine's map A_ij = s q_i.k_j - mean_t s q_i.k_t + 1/N, applied to V in linear time.
 
     sum_j A_ij v_j = mean_j v_j + s q_i^T sum_j (k_j - mean k) v_j^T. Rows of A sum to exactly 1 by
-    construction, so there is no division and no epsilon: nothing here can divide by ~0.
+    construction, so there is no division and no epsilon: nothing here can divide by ~0. The
+    centring and the mean are O(N d) in PyTorch; the state and output go to the unnormalised core.
     """
     dtype = v.dtype
     q, k, v = _f32(q, k, v)
     k_centred = k - k.mean(dim=2, keepdim=True)
-    kv = torch.einsum("bhnk,bhnv->bhkv", k_centred, v)       # (B, H, Dk, Dv)
-    out = v.mean(dim=2, keepdim=True) + scale * (q @ kv)
+    out = v.mean(dim=2, keepdim=True) + linear_attention(q * scale, k_centred, v, normalize=False)
     return out.to(dtype)
 
 

@@ -97,8 +97,9 @@ def to_markdown(table: pd.DataFrame) -> str:
     names = list(table.index.names)
     head = "| " + " | ".join(names + [str(c) for c in table.columns]) + " |"
     rule = "|" + "---|" * len(names) + "---:|" * len(table.columns)
-    body = ["| " + " | ".join([str(v) for v in idx] + [str(v) for v in row]) + " |"
-            for idx, row in zip(table.index, table.itertuples(index=False))]
+    keys = [idx if isinstance(idx, tuple) else (idx,) for idx in table.index]
+    body = ["| " + " | ".join([str(v) for v in key] + [str(v) for v in row]) + " |"
+            for key, row in zip(keys, table.itertuples(index=False))]
     return "\n".join([head, rule, *body]) + "\n"
 
 

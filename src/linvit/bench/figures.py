@@ -1,0 +1,48 @@
+"""Benchmark plots: time and memory against tokens, model throughput against resolution."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from linvit.report.plotting import new_figure, save
+
+
+def _line_style(operator: str, backend: str) -> dict:
+    styles = {"reference": ":", "sdpa": "--"}
+    return {"marker": "o", "ms": 3, "linestyle": styles.get(backend, "-"),
+            "label": operator if backend in ("torch", "sdpa") else f"{operator} ({backend})"}
+
+
+def operator_scaling(ops: pd.DataFrame, stem: Path) -> None:
+    fig, (ax_t, ax_m) = new_figure(2, width=4.6)
+    for (op, be), g in ops.groupby(["operator", "backend"], sort=False):
+        g = g.sort_values("tokens")
+        ax_t.plot(g.tokens, g.ms, **_line_style(op, be))
+        ax_m.plot(g.tokens, g.peak_mib, **_line_style(op, be))
+    for ax, label in ((ax_t, "forward+backward time (ms)"), (ax_m, "peak memory (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens N")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.legend(fontsize=7)
+    fig.suptitle(f"token mixing, B={ops.batch.iloc[0]} H={ops.heads.iloc[0]} "
+                 f"d={ops.head_dim.iloc[0]} ({ops.device.iloc[0]})", fontsize=9)
+    save(fig, stem)
+
+
+def model_throughput(models: pd.DataFrame, stem: Path) -> None:
+    sizes = list(dict.fromkeys(models["size"]))
+    fig, axes = new_figure(len(sizes))
+    for ax, size in zip(axes, sizes):
+        for op, g in models[models["size"] == size].groupby("operator", sort=False):
+            g = g.sort_values("resolution")
+            ax.plot(g.resolution, g.images_per_s, marker="o", ms=3, label=op)
+        ax.set_yscale("log")
+        ax.set_xlabel("image side (px)")
+        ax.set_ylabel("images / s (inference)")
+        ax.set_title(size, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    save(fig, stem)

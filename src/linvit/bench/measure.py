@@ -1,0 +1,51 @@
+"""Time and peak memory of one call, on the CPU or a GPU.
+
+Time: the median of torch.utils.benchmark's blocked runs (it warms up, synchronises CUDA and sets
+the thread count), so a ratio of two medians from one process compares like with like.
+
+Peak memory: the most bytes live at once during the call, beyond what existed before it.
+On CUDA that is torch's own high-water mark. On the CPU torch keeps no such counter, so the call
+runs once under the profiler with memory recording and the allocation/free records are replayed in
+time order: exact bytes, independent of the allocator's caching and of the process's RSS.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+import torch.utils.benchmark as benchmark
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")      # the CPU profiler is chatty on stderr
+
+
+def median_seconds(fn: Callable[[], object], min_run_time: float) -> float:
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn},
+                            num_threads=torch.get_num_threads())
+    # blocked_autorange's first calls size the blocks and are not measured: they are the warm-up
+    return timer.blocked_autorange(min_run_time=min_run_time).median
+
+
+def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    return _cpu_peak_bytes(fn)
+
+
+def _cpu_peak_bytes(fn: Callable[[], object]) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    records = [e for e in prof.profiler.kineto_results.events()
+               if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    live = peak = 0
+    for e in sorted(records, key=lambda e: e.start_ns()):
+        live += e.nbytes()                                  # negative for a free
+        peak = max(peak, live)
+    return peak

@@ -1,0 +1,82 @@
+"""Every operator's token mixing against the number of tokens, forward+backward.
+
+What is timed is `op.mix(q, k, v)` (feature maps, global mixing and any local term) and its
+backward pass with respect to q, k, v and the operator's own parameters: everything but the qkv and
+output projections, which every operator shares. Softmax is torch's fused SDPA; each linear
+operator runs on every backend of linvit.ops that applies to the device, so the reference rows
+show what the fused paths buy.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from linvit.attention import OPERATORS
+from linvit.bench.measure import median_seconds, peak_bytes
+from linvit.ops.linear_attention import backend, triton_available
+
+log = logging.getLogger("linvit")
+
+
+def backends_for(operator: str, device: torch.device) -> list[str]:
+    if operator == "softmax":
+        return ["sdpa"]
+    names = ["reference", "torch"]
+    if device.type == "cuda" and triton_available():
+        names.append("triton")
+    return names
+
+
+def make_operator(name: str, heads: int, head_dim: int, tokens: int, device: torch.device):
+    side = math.isqrt(tokens)
+    op = OPERATORS[name](heads * head_dim, num_heads=heads).to(device)
+    op.set_token_layout(0, (side, side))                  # all tokens are patches, a square grid
+    return op
+
+
+def make_step(op, batch: int, tokens: int, head_dim: int, device: torch.device, seed: int = 0):
+    """One forward+backward of op.mix on fixed random q, k, v (scaled like real projections)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    shape = (batch, op.num_heads, tokens, head_dim)
+    q, k, v = (torch.randn(shape, generator=gen).to(device).requires_grad_() for _ in range(3))
+    grad = torch.randn(shape, generator=gen).to(device)
+    own = set(op.operator_specific_parameters())          # qkv/proj are outside mix()
+    inputs = [q, k, v, *(p for n, p in op.named_parameters() if n in own)]
+
+    def step():
+        out = op.mix(q, k, v)
+        return torch.autograd.grad(out, inputs, grad)
+    return step
+
+
+def bench_operator(name: str, backend_name: str, tokens: int, cfg, device: torch.device) -> dict:
+    op = make_operator(name, cfg.heads, cfg.head_dim, tokens, device)
+    step = make_step(op, cfg.batch, tokens, cfg.head_dim, device)
+    with backend("auto" if backend_name == "sdpa" else backend_name):
+        seconds = median_seconds(step, cfg.min_run_time)
+        peak = peak_bytes(step, device)
+    return {"operator": name, "backend": backend_name, "tokens": tokens, "batch": cfg.batch,
+            "heads": cfg.heads, "head_dim": cfg.head_dim, "device": device.type,
+            "ms": seconds * 1e3, "peak_mib": peak / 2**20}
+
+
+def skip(name: str, backend_name: str, tokens: int, cfg) -> bool:
+    if math.isqrt(tokens) ** 2 != tokens:
+        raise ValueError(f"bench.tokens: {tokens} is not a square number (a patch grid)")
+    if name == "softmax":
+        return tokens > cfg.softmax_max_tokens
+    return backend_name == "reference" and tokens > cfg.reference_max_tokens
+
+
+def sweep_operators(cfg, device: torch.device) -> list[dict]:
+    rows = []
+    jobs = [(n, b, t) for n in cfg.operators for b in backends_for(n, device) for t in cfg.tokens
+            if not skip(n, b, t, cfg)]
+    for i, (name, backend_name, tokens) in enumerate(jobs, 1):
+        row = bench_operator(name, backend_name, tokens, cfg, device)
+        log.info("[%d/%d] %-8s %-9s N=%-6d %9.2f ms %9.1f MiB", i, len(jobs), name, backend_name,
+                 tokens, row["ms"], row["peak_mib"])
+        rows.append(row)
+    return rows

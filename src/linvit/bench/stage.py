@@ -1,0 +1,59 @@
+"""`linvit bench -o DIR`: the operator and model benchmarks, written beside their config.
+
+    ops.csv, models.csv     one row per measurement (times in ms, peak memory in MiB)
+    ratios.md               speedups over softmax, slopes, goals (also printed)
+    ops_scaling.{png,pdf}, models_throughput.{png,pdf}
+    metrics.json            the goals and the environment, written last
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from linvit.bench.figures import model_throughput, operator_scaling
+from linvit.bench.models import sweep_models
+from linvit.bench.operators import sweep_operators
+from linvit.bench.ratios import goals, markdown
+from linvit.config import BenchConfig, ConfigError, to_dict
+from linvit.io import write_atomic, write_text
+from linvit.train.rundir import RunDir
+
+log = logging.getLogger("linvit")
+
+
+def bench_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but torch sees no CUDA device")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def write_csv(rows: list[dict], path: Path) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
+    write_atomic(path, lambda p: frame.to_csv(p, index=False, float_format="%.6g"))
+    return frame
+
+
+def run_bench(cfg: BenchConfig, out, replace: bool = False) -> dict:
+    device = bench_device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    run = RunDir(out, "bench", to_dict(cfg), replace=replace)
+    run.open(True, f"device {device}, {torch.get_num_threads()} threads")
+    ops = write_csv(sweep_operators(cfg, device), run.path / "ops.csv")
+    operator_scaling(ops, run.path / "ops_scaling")
+    models = None
+    if cfg.models is not None:
+        models = write_csv(sweep_models(cfg.models, device), run.path / "models.csv")
+        model_throughput(models, run.path / "models_throughput")
+    text = markdown(ops, models, cfg)
+    write_text(run.path / "ratios.md", text)
+    print(text)
+    measured = goals(ops, cfg)
+    return run.finish({"goals": measured, "device": device.type,
+                       "threads": torch.get_num_threads(),
+                       "goals_hold": all(g["holds"] == "yes" for g in measured)})

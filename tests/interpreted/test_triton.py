@@ -1,0 +1,38 @@
+"""The Triton kernels, run on the CPU by Triton's interpreter, against the PyTorch reference.
+
+Collected only when TRITON_INTERPRET=1 was set before anything imported triton (the interpreter
+cannot be switched on later): tests/test_kernels.py runs this folder in such a process.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_cases import VARIANTS, assert_match, inputs, run
+
+
+@pytest.mark.parametrize("kind,normalize", VARIANTS)
+@pytest.mark.parametrize("shape,dv,splits", [
+    ((2, 3, 63, 24), 24, None),          # N=63 and head dim 24: every tile is partly masked
+    ((1, 2, 63, 24), 40, 2),             # Dv != Dk, the token reduction split over 2 programs
+    ((1, 1, 200, 64), 64, 3),            # several BLOCK_N steps per split, a ragged last one
+])
+def test_triton_matches_reference(kind, normalize, shape, dv, splits):
+    qkv, grad = inputs(shape, dv, kind=kind, normalize=normalize)
+    want = run("reference", qkv, grad, kind, normalize)
+    got = run("triton-direct", qkv, grad, kind, normalize, splits=splits, block_n=16)
+    assert_match(got, want)
+
+
+@pytest.mark.parametrize("kind,normalize", VARIANTS)
+def test_triton_bf16_inputs_keep_dtypes(kind, normalize):
+    qkv, grad = inputs((1, 2, 63, 24), 24, dtype=torch.bfloat16, kind=kind, normalize=normalize)
+    want = run("reference", qkv, grad, kind, normalize)
+    got = run("triton-direct", qkv, grad, kind, normalize, block_n=32)
+    assert_match(got, want, rtol=2e-2)             # outputs and grads are rounded to bf16
+
+
+def test_triton_rejects_head_dims_over_128():
+    qkv, grad = inputs((1, 1, 16, 160), 16)
+    with pytest.raises(ValueError, match="head dims <= 128"):
+        run("triton-direct", qkv, grad, "elu1", True)

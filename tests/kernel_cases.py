@@ -1,0 +1,41 @@
+"""Shared by test_kernels.py and interpreted/test_triton.py: random inputs and the reference."""
+from __future__ import annotations
+
+import torch
+
+from linvit.ops.linear_attention import backend, linear_attention
+
+# (feature map, normalised): the three ways operators call the core
+# (linear: elu1; focused/hedgehog: identity on positive features; inline: identity, unnormalised)
+VARIANTS = [("elu1", True), ("identity", True), ("identity", False)]
+
+
+def inputs(shape=(2, 3, 63, 24), dv=40, dtype=torch.float32, kind="elu1", normalize=True,
+           seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(shape, generator=g) for _ in range(2))
+    if kind == "identity" and normalize:        # features must be positive for a normaliser
+        q, k = q.abs() + 0.05, k.abs() + 0.05
+    v = torch.randn(shape[:-1] + (dv,), generator=g)
+    grad = torch.randn(shape[:-1] + (dv,), generator=g)
+    return [t.to(dtype) for t in (q, k, v)], grad.to(dtype)
+
+
+def run(name, qkv, grad, kind, normalize, **kw):
+    """Output and input gradients of one backend."""
+    leaves = [t.detach().clone().requires_grad_() for t in qkv]
+    if name == "triton-direct":
+        from linvit.ops.triton_kernels import triton_linear_attention
+        out = triton_linear_attention(*leaves, kind, normalize, **kw)
+    else:
+        with backend(name):
+            out = linear_attention(*leaves, kind, normalize)
+    return (out, *torch.autograd.grad(out, leaves, grad))
+
+
+def assert_match(got, want, rtol=1e-5, atol=1e-5):
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert a.dtype == b.dtype, name
+        scale = b.float().abs().max().clamp_min(1.0)
+        err = (a.float() - b.float()).abs().max() / scale
+        assert err <= max(rtol, atol), f"{name}: max error {err:.2e} (relative to {scale:.2f})"

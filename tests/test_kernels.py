@@ -1,0 +1,82 @@
+"""The fast paths of linear attention against the einsum reference, forward and backward.
+
+The Triton kernels run under Triton's CPU interpreter in a separate process (tests/interpreted):
+the interpreter must be chosen before triton is first imported, and this process imported it long
+ago (through torch).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernel_cases import VARIANTS, assert_match, inputs, run
+from linvit.attention import OPERATORS
+from linvit.ops.linear_attention import backend, linear_attention, resolve_backend, triton_available
+
+HERE = Path(__file__).parent
+
+
+@pytest.mark.parametrize("kind,normalize", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_torch_matches_reference(kind, normalize, dtype):
+    qkv, grad = inputs((2, 3, 63, 24), 40, dtype=dtype, kind=kind, normalize=normalize)
+    want = run("reference", qkv, grad, kind, normalize)
+    got = run("torch", qkv, grad, kind, normalize)
+    assert_match(got, want, rtol=1e-5 if dtype == torch.float32 else 2e-2)
+
+
+def test_fused_torch_is_float64_exact_where_the_reference_is():
+    """Both compute in float32; with float64 inputs they must still agree to float32 precision,
+    and the output keeps the input dtype."""
+    qkv, grad = inputs((1, 2, 17, 8), 8, dtype=torch.float64)
+    got = run("torch", qkv, grad, "elu1", True)
+    assert got[0].dtype == torch.float64
+    assert_match(got, run("reference", qkv, grad, "elu1", True))
+
+
+def test_elu_gradient_at_zero_and_far_below():
+    """elu'(0) = 1 and elu'(-100) = exp(-100) ~ 0: the fused backward reads both off phi."""
+    q = torch.tensor([0.0, -100.0, 2.0]).reshape(1, 1, 3, 1).expand(1, 1, 3, 16).contiguous()
+    qkv = [q, torch.ones_like(q), torch.randn(1, 1, 3, 16)]
+    grad = torch.randn(1, 1, 3, 16)
+    assert_match(run("torch", qkv, grad, "elu1", True), run("reference", qkv, grad, "elu1", True))
+
+
+def test_auto_backend_on_cpu_is_the_fused_path_and_names_are_checked():
+    assert resolve_backend(torch.zeros(1)) == "torch"
+    with pytest.raises(ValueError, match="unknown linear-attention backend"):
+        with backend("cuda-magic"):
+            pass
+    with pytest.raises(ValueError, match="unknown feature map"):
+        linear_attention(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2),
+                         kind="relu")
+
+
+@pytest.mark.parametrize("name", [n for n in OPERATORS if n != "softmax"])
+def test_every_operator_mixes_alike_on_every_cpu_backend(name):
+    torch.manual_seed(0)
+    op = OPERATORS[name](96, num_heads=4)
+    op.set_token_layout(1, (7, 7))
+    qkv, grad = inputs((2, 4, 50, 24), 24)
+    results = {}
+    for be in ("reference", "torch"):
+        leaves = [t.clone().requires_grad_() for t in qkv]
+        with backend(be):
+            out = op.mix(*leaves)
+        results[be] = (out, *torch.autograd.grad(out, leaves, grad))
+    assert_match(results["torch"], results["reference"])
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_triton_kernels_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(HERE / "interpreted")], env=env, cwd=HERE.parent,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
