@@ -22,6 +22,7 @@ include: "workflow/rules/teacher.smk"
 include: "workflow/rules/transfer.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/dense.smk"
+include: "workflow/rules/bench.smk"
 
 
 rule all:

@@ -11,9 +11,10 @@ import torch
 
 from linvit.models import ModelSpec, create_vit
 
-# Triton's interpreter has to be on before triton is first imported, so the kernel tests run in
-# their own process (see test_kernels.py); in any other process that folder is not collected.
-collect_ignore = [] if os.environ.get("TRITON_INTERPRET") == "1" else ["interpreted"]
+# The Triton kernel tests run on a GPU, or on the CPU under Triton's interpreter, which has to be
+# on before triton is first imported: test_kernels.py runs them in a process of their own.
+_KERNELS_HERE = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+collect_ignore = [] if _KERNELS_HERE else ["interpreted"]
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:

@@ -120,3 +120,24 @@ def test_local_terms_need_a_placeable_grid():
 def test_linear_operators_reject_attention_dropout():
     with pytest.raises(ValueError, match="attn_drop"):
         get_operator("linear")(96, num_heads=3, attn_drop=0.1)
+
+
+@pytest.mark.parametrize("name, conv_name, per_head", [("focused", "dwc", True),
+                                                       ("inline", "local", False)])
+def test_local_term_is_the_conv_of_the_patch_grid(name, conv_name, per_head):
+    """Token (1 + y*w + x) of head h, channel c sits at pixel (y, x) of channel h*d + c (or of
+    channel c for a conv shared by heads); prefix tokens get no local term."""
+    op = make_op(name)
+    B, h, w = 2, 5, 7                                   # a non-square grid catches a transpose
+    op.set_token_layout(1, (h, w))
+    v = torch.randn(B, HEADS, 1 + h * w, HEAD_DIM, dtype=torch.float64)
+    image = v[:, :, 1:].reshape(B, HEADS, h, w, HEAD_DIM).permute(0, 1, 4, 2, 3)
+    conv = getattr(op, conv_name)
+    if per_head:
+        want = conv(image.reshape(B * HEADS, HEAD_DIM, h, w))
+    else:
+        want = conv(image.reshape(B, HEADS * HEAD_DIM, h, w))
+    want = want.reshape(B, HEADS, HEAD_DIM, h * w).transpose(-1, -2)
+    got = op.local_mix(v)
+    assert torch.equal(got[:, :, 0], torch.zeros_like(got[:, :, 0]))
+    torch.testing.assert_close(got[:, :, 1:], want)

@@ -80,3 +80,21 @@ def test_triton_kernels_under_the_interpreter():
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("p", [3.0, 2.0])
+def test_fused_focused_features_match_autograd(p):
+    from linvit.ops.focused_features import focused_features
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 63, 24, generator=g)
+    x[0, 0, :5] = -1.0                                # rows at the relu floor
+    scale = 0.3 * torch.randn(1, 3, 1, 24, generator=g)
+    grad = torch.randn(2, 3, 63, 24, generator=g)
+    results = []
+    for fused in (False, True):
+        leaves = [x.clone().requires_grad_(), scale.clone().requires_grad_()]
+        out = focused_features(*leaves, p, fused=fused)
+        results.append((out, *torch.autograd.grad(out, leaves, grad)))
+    for name, a, b in zip(("phi", "dx", "dscale"), results[1], results[0]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)

@@ -347,8 +347,8 @@ class BenchModelsCfg:
 
 @dataclass
 class BenchConfig:
-    """`linvit bench`: operator scaling against tokens, model throughput against resolution."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`linvit bench`: operator scaling against tokens, model throughput against resolution.
+    run.device picks the device, run.threads the CPU threads; run.amp is not used (float32)."""
     operators: list[str] = field(default_factory=lambda: list(OPERATORS))
     tokens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
     softmax_max_tokens: int = 4096     # SDPA on a CPU: ~1 s at 4096, ~14 s at 16384
@@ -357,12 +357,12 @@ class BenchConfig:
     heads: int = 6
     head_dim: int = 64
     min_run_time: float = 1.0          # seconds of timed calls per point
-    threads: int | None = None
     goal_tokens: int = 4096            # the goals: speedup over softmax at this N, ...
     goal_speedup: float = 30.0
     goal_slope: float = 1.1            # ... memory log-log slope over `tokens`, ...
     goal_kernel_speedup: float = 2.0   # ... and (GPU) Triton over the PyTorch reference
     models: BenchModelsCfg | None = field(default_factory=BenchModelsCfg)  # null: skip
+    run: RunCfg = field(default_factory=RunCfg)
 
     def validate(self, p: str) -> None:
         for i, o in enumerate(self.operators):
@@ -373,7 +373,7 @@ class BenchConfig:
             if n <= 0 or int(n ** 0.5) ** 2 != n:
                 raise ConfigError(f"tokens[{i}]: {n} is not a positive square (a patch grid)")
         for name in ("softmax_max_tokens", "reference_max_tokens", "batch", "heads", "head_dim",
-                     "min_run_time", "threads", "goal_tokens", "goal_speedup", "goal_slope"):
+                     "min_run_time", "goal_tokens", "goal_speedup", "goal_slope"):
             _positive(name, getattr(self, name))
 
 

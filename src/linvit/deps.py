@@ -30,6 +30,7 @@ STAGE_ENTRIES = {
     "figures": ["linvit.report.cli", "linvit.report.figures"],
     "attention_figure": ["linvit.report.cli", "linvit.report.attention_maps"],
     "report": ["linvit.report.cli", "linvit.report.document"],
+    "bench": ["linvit.cli", "linvit.bench.stage"],
 }
 
 

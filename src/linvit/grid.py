@@ -188,6 +188,7 @@ def check_config(config: dict, existing_file: str) -> None:
 
 
     check_dense(config, existing_file)
+    check_bench(config)
 
 
 def check_dense(config: dict, existing_file: str) -> None:
@@ -283,6 +284,21 @@ def dense_jobs(config: dict, cells: list[Cell]) -> list[DenseJob]:
                                  "grid; add its operator/strategy/seed to the grid")
             jobs.append(DenseJob(task, dataset, size, backbone_label(cell)))
     return jobs
+
+
+def bench_args(config: dict, out_dir: str) -> str:
+    return _command("bench", out_dir, dict(config.get("bench") or {}))
+
+
+def check_bench(config: dict) -> None:
+    from linvit.config import BenchConfig, ConfigError, load_config
+
+    if not config.get("bench"):
+        return
+    try:
+        load_config(BenchConfig, None, flatten(config["bench"]))
+    except ConfigError as e:
+        raise ConfigError(f"bench.{e}") from None
 
 
 def dense_dir(results: str, job: DenseJob) -> str:

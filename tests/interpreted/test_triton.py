@@ -1,14 +1,24 @@
-"""The Triton kernels, run on the CPU by Triton's interpreter, against the PyTorch reference.
+"""The Triton kernels against the PyTorch reference: on a GPU when there is one, else on the CPU
+under Triton's interpreter.
 
-Collected only when TRITON_INTERPRET=1 was set before anything imported triton (the interpreter
-cannot be switched on later): tests/test_kernels.py runs this folder in such a process.
+Collected only on a CUDA machine or when TRITON_INTERPRET=1 was set before anything imported
+triton (the interpreter cannot be switched on later): tests/test_kernels.py runs this folder in
+such a process.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 from kernel_cases import VARIANTS, assert_match, inputs, run
+
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+
+
+def on_device(qkv, grad):
+    return [t.to(DEVICE) for t in qkv], grad.to(DEVICE)
 
 
 @pytest.mark.parametrize("kind,normalize", VARIANTS)
@@ -18,7 +28,7 @@ from kernel_cases import VARIANTS, assert_match, inputs, run
     ((1, 1, 200, 64), 64, 3),            # several BLOCK_N steps per split, a ragged last one
 ])
 def test_triton_matches_reference(kind, normalize, shape, dv, splits):
-    qkv, grad = inputs(shape, dv, kind=kind, normalize=normalize)
+    qkv, grad = on_device(*inputs(shape, dv, kind=kind, normalize=normalize))
     want = run("reference", qkv, grad, kind, normalize)
     got = run("triton-direct", qkv, grad, kind, normalize, splits=splits, block_n=16)
     assert_match(got, want)
@@ -26,13 +36,14 @@ def test_triton_matches_reference(kind, normalize, shape, dv, splits):
 
 @pytest.mark.parametrize("kind,normalize", VARIANTS)
 def test_triton_bf16_inputs_keep_dtypes(kind, normalize):
-    qkv, grad = inputs((1, 2, 63, 24), 24, dtype=torch.bfloat16, kind=kind, normalize=normalize)
+    qkv, grad = on_device(*inputs((1, 2, 63, 24), 24, dtype=torch.bfloat16, kind=kind,
+                                  normalize=normalize))
     want = run("reference", qkv, grad, kind, normalize)
     got = run("triton-direct", qkv, grad, kind, normalize, block_n=32)
     assert_match(got, want, rtol=2e-2)             # outputs and grads are rounded to bf16
 
 
 def test_triton_rejects_head_dims_over_128():
-    qkv, grad = inputs((1, 1, 16, 160), 16)
+    qkv, grad = on_device(*inputs((1, 1, 16, 160), 16))
     with pytest.raises(ValueError, match="head dims <= 128"):
         run("triton-direct", qkv, grad, "elu1", True)

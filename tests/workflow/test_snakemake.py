@@ -54,6 +54,9 @@ TINY = {
                        "optim": {"epochs": 1, "warmup_epochs": 0}, "run": {"progress": False}}
                for stage in ("teacher", "distill", "finetune")},
     "figures": {"attention_layers": [0, -1], "attention_images": 1},
+    "bench": {"operators": ["softmax", "linear"], "tokens": [16, 64], "softmax_max_tokens": 64,
+              "min_run_time": 0.01, "goal_tokens": 64,
+              "models": {"sizes": ["deit_t"], "resolutions": [32], "min_run_time": 0.01}},
 }
 
 
@@ -90,7 +93,7 @@ def test_paper_dag_has_the_full_grid(tmp_path):
     sub_cells = sizes * len(sub["operators"]) * len(sub["strategies"]) * len(sub["losses"]) * seeds
     cells = sizes * ops * len(paper["strategies"]) * seeds + sizes * seeds + sub_cells
     distills = sizes * ops + sizes * len(sub["operators"]) * len(sub["losses"])
-    report_jobs = 7          # grid_document, collect, tables, figures, attention_figure, report, all
+    report_jobs = 8   # grid_document, collect, tables, figures, attention_figure, bench, report, all
     total = int(re.search(r"^total\s+(\d+)$", run.stdout, re.M).group(1))
     assert total == sizes + distills + cells + report_jobs
     assert re.search(rf"^finetune\s+{cells}$", run.stdout, re.M)
@@ -113,6 +116,7 @@ def test_tiny_grid_runs_end_to_end_and_then_has_nothing_to_do(project):
     results = project / "results"
     report = (results / "report.md").read_text()
     assert "## Main table" in report and "## The paper's claims on this grid" in report
+    assert "## Operator benchmark" in report and "linear/torch vs softmax at N=64" in report
     for name in ("main", "loss_design", "by_dataset", "by_size"):
         for ext in ("csv", "md", "tex"):
             assert (results / "tables" / f"{name}.{ext}").stat().st_size > 0

@@ -104,11 +104,14 @@ rule report:
         # the report links the figures: redrawing one does not change the report
         figures=ancient(expand(f"{RESULTS}/figures/{{name}}.png",
                                name=FIGURES + ["attention_maps"])),
+        bench=[f"{RESULTS}/bench/record.json"] if config.get("bench") else [],
         code=code("report"),
     output:
         f"{RESULTS}/report.md",
     log:
         f"{RESULTS}/logs/report.log",
+    params:
+        bench=lambda wc, input: f"--bench-record {input.bench}" if input.bench else "",
     shell:
-        "{REPORT} report --grid {input.grid} --results {input.results}"
+        "{REPORT} report --grid {input.grid} --results {input.results} {params.bench}"
         " --tables {RESULTS}/tables --figures {input.figures} --out {output} > {log} 2>&1"

@@ -11,12 +11,12 @@ left out (it ties the operator to one resolution; the ViT's own position embeddi
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from linvit.attention.base import AttentionOperator
+from linvit.ops.focused_features import focused_features
 from linvit.ops.linear_attention import (normalized_linear_attention,
-                                         normalized_linear_attention_map)
+                                         normalized_linear_attention_map, resolve_backend)
 
 
 class FocusedLinearAttention(AttentionOperator):
@@ -34,11 +34,8 @@ class FocusedLinearAttention(AttentionOperator):
                              device=device, dtype=dtype)
 
     def feature_map(self, x):
-        x = (F.relu(x.float()) + 1e-6) / F.softplus(self.focus_scale.float())
-        x_norm = x.norm(dim=-1, keepdim=True)
-        x_pow = x ** self.focusing_factor
-        # x >= 1e-6 / softplus(s) keeps ||x^p|| well above 0 for p <= 3 in float32.
-        return x_norm * x_pow / x_pow.norm(dim=-1, keepdim=True)
+        fused = resolve_backend(x) != "reference"
+        return focused_features(x, self.focus_scale, self.focusing_factor, fused)
 
     def global_mix(self, q, k, v):
         return normalized_linear_attention(self.feature_map(q), self.feature_map(k), v)

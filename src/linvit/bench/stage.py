@@ -39,9 +39,10 @@ def write_csv(rows: list[dict], path: Path) -> pd.DataFrame:
 
 
 def run_bench(cfg: BenchConfig, out, replace: bool = False) -> dict:
-    device = bench_device(cfg.device)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    device = bench_device(cfg.run.device)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    torch.manual_seed(cfg.run.seed)
     run = RunDir(out, "bench", to_dict(cfg), replace=replace)
     run.open(True, f"device {device}, {torch.get_num_threads()} threads")
     ops = write_csv(sweep_operators(cfg, device), run.path / "ops.csv")

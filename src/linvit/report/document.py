@@ -5,6 +5,7 @@ means and the verdict, so a claim that does not reproduce here says so.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -58,8 +59,26 @@ def claims_table(results: pd.DataFrame, main_loss: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def bench_section(record: dict, rel) -> list[str]:
+    """The operator benchmark's ratio table and figures, or why there are none."""
+    parts = ["## Operator benchmark (`linvit bench`)\n"]
+    if record["status"] != "ok":
+        return parts + [f"The benchmark job failed: {record.get('error', '')}\n"]
+    run_dir = Path(record["run_dir"])
+    m = record["metrics"]
+    parts.append(f"Measured on {m['device']} with {m['threads']} threads; ratios are between "
+                 "rows of this one run. Goals hold: "
+                 f"{'yes' if m['goals_hold'] else 'NO'}.\n")
+    ratios = "\n" + (run_dir / "ratios.md").read_text()
+    parts.append(ratios.replace("\n## ", "\n### ").lstrip("\n"))      # nest its headings
+    parts += [f"![{stem}]({rel(run_dir / stem)}.png)\n"
+              for stem in ("ops_scaling", "models_throughput") if (run_dir / f"{stem}.png").is_file()]
+    return parts
+
+
 def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], out: Path,
-                 main_loss: str, title: str = "linvit ablation report") -> None:
+                 main_loss: str, title: str = "linvit ablation report",
+                 bench: dict | None = None) -> None:
     out = Path(out)
     rel = lambda p: os.path.relpath(p, out.parent)  # noqa: E731
     counts = results[results["kind"] == "cell"]["status"].value_counts().to_dict()
@@ -76,6 +95,8 @@ def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], o
     parts += ["## The paper's claims on this grid\n", claims_table(results, main_loss)]
     parts.append("## Figures\n")
     parts += [f"![{p.stem}]({rel(p)})\n" for p in figures if p.suffix == ".png"]
+    if bench is not None:
+        parts += bench_section(bench, rel)
     failed = results[results["status"].isin(["failed", "missing"])]
     if len(failed):
         parts.append("## Failed or missing jobs\n")
@@ -87,5 +108,6 @@ def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], o
 def run_step(a) -> None:
     from linvit.report.files import read_csv, read_grid
 
+    bench = json.loads(Path(a.bench_record).read_text()) if a.bench_record else None
     write_report(read_csv(a.results), Path(a.tables), [Path(f) for f in a.figures], Path(a.out),
-                 read_grid(a.grid)["main_loss"])
+                 read_grid(a.grid)["main_loss"], bench=bench)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The GPU checks of the fast linear attention, as one prepared script (for a machine with a CUDA
+# GPU, e.g. the device tool): the Triton kernels against the PyTorch reference on the GPU, then
+# `linvit bench` on the GPU (Triton, fused PyTorch and einsum reference backends, SDPA softmax).
+# Usage: scripts/bench_gpu.sh [OUT]   (default results/bench_gpu; prints the ratio table)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-results/bench_gpu}
+[ -x .venv/bin/python ] || ./scripts/setup.sh
+.venv/bin/python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'"
+.venv/bin/python -m pytest -q -p no:cacheprovider tests/interpreted tests/test_kernels.py
+.venv/bin/linvit bench -o "$out" --rerun run.device=cuda "tokens=[1024,4096,16384,65536]" \
+  softmax_max_tokens=65536 reference_max_tokens=65536 \
+  "models.sizes=[deit_t,deit_s]" models.batch=8

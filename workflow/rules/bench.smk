@@ -1,0 +1,25 @@
+# The operator benchmark (`linvit bench`, part of `all` when config has a `bench` section): time and
+# peak memory against tokens, model throughput against resolution; a section of report.md.
+from linvit.attention import OPERATORS  # noqa: E402
+
+BENCH = f"{RESULTS}/bench"
+
+
+rule bench:
+    input:
+        code=code("bench", (config.get("bench") or {}).get("operators", list(OPERATORS))),
+    output:
+        record=f"{BENCH}/record.json",
+    log:
+        f"{RESULTS}/logs/bench.log",
+    params:
+        kind="bench",
+        dir=f"{BENCH}/run",
+        key=json.dumps({"stage": "bench"}),
+        args=grid.bench_args(config, f"{BENCH}/run"),
+    # every core: timings must not share the machine with other jobs
+    threads: workflow.cores
+    resources:
+        gpu=0,
+    shell:
+        RUN_AND_RECORD
