@@ -32,7 +32,8 @@ def synthetic(ops_speed: float = 100.0) -> pd.DataFrame:
     """softmax: time and memory ~ N^2; linear: ~ N, `ops_speed` times faster at N=4096."""
     rows = []
     for n in (256, 1024, 4096, 16384):
-        common = {"tokens": n, "batch": 1, "heads": 6, "head_dim": 64, "device": "cpu"}
+        common = {"tokens": n, "batch": 1, "heads": 6, "head_dim": 64, "device": "cpu",
+                  "part": "core"}
         if n <= 4096:
             rows.append({**common, "operator": "softmax", "backend": "sdpa",
                          "ms": 1e-4 * n * n, "peak_mib": 1e-5 * n * n})
@@ -44,12 +45,12 @@ def synthetic(ops_speed: float = 100.0) -> pd.DataFrame:
 def test_speedups_and_slopes_of_known_power_laws():
     ops = synthetic(ops_speed=100.0)
     sp = speedups(ops)
-    assert sp.loc[("linear", "torch"), 4096] == pytest.approx(100.0)
-    assert sp.loc[("linear", "torch"), 256] == pytest.approx(100.0 / 16)
+    assert sp.loc[("linear", "torch", "core"), 4096] == pytest.approx(100.0)
+    assert sp.loc[("linear", "torch", "core"), 256] == pytest.approx(100.0 / 16)
     assert 16384 not in sp.columns                            # no softmax row to compare with
     sl = slopes(ops)
-    assert sl.loc[("softmax", "sdpa"), "time_slope"] == pytest.approx(2.0)
-    assert sl.loc[("linear", "torch"), "memory_slope"] == pytest.approx(1.0)
+    assert sl.loc[("softmax", "sdpa", "core"), "time_slope"] == pytest.approx(2.0)
+    assert sl.loc[("linear", "torch", "core"), "memory_slope"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("speed, holds", [(100.0, "yes"), (10.0, "NO")])
@@ -73,8 +74,12 @@ def test_bench_cli_writes_measurements_ratios_and_figures(tmp_path, capsys):
     assert main(["bench", "-o", str(out), *TINY]) == 0
     ops = pd.read_csv(out / "ops.csv")
     from linvit.attention import OPERATORS
+    from linvit.bench.operators import parts_of
     linear_ops = [o for o in OPERATORS if o != "softmax"]
-    assert len(ops) == 2 + len(linear_ops) * 2 * 2            # softmax + (reference, torch) x 2 N
+    local = [o for o in linear_ops if parts_of(o) == ["core", "mix"]]
+    assert local == ["focused", "inline"]
+    # softmax + (reference, torch) cores + the fused mix of operators with a local term, x 2 N
+    assert len(ops) == 2 * (1 + 2 * len(linear_ops) + len(local))
     assert (ops.ms > 0).all() and (ops.peak_mib > 0).all()
     models = pd.read_csv(out / "models.csv")
     assert set(models.operator) == set(OPERATORS) and (models.tokens == 5).all()

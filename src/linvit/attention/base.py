@@ -18,6 +18,7 @@ import math
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 # Submodules that timm's Attention has; anything else in an operator is operator-specific.
@@ -138,13 +139,15 @@ class AttentionOperator(nn.Module):
         B, H, N, d = v.shape
         h, w = self.patch_grid(N)
         p = self.num_prefix_tokens
-        patches = v[:, :, p:]                                      # (B, H, h*w, d)
+        # (B, h, w, H*d) memory seen as NCHW, i.e. channels-last: oneDNN runs depthwise convs
+        # several times faster than NCHW (backward especially). A conv shared by the heads
+        # runs as one conv over all H*d channels with its filters repeated per head (autograd
+        # sums the repeats' gradients back), the same maths without a (B*H)-batch layout.
+        grid = v[:, :, p:].permute(0, 2, 1, 3).reshape(B, h, w, H * d).permute(0, 3, 1, 2)
+        weight, bias = conv.weight, conv.bias
         if per_head:
-            grid = patches.reshape(B * H, h, w, d).permute(0, 3, 1, 2)
-            out = conv(grid).permute(0, 2, 3, 1).reshape(B, H, h * w, d)
-        else:
-            # (B, h, w, H*d) memory seen as NCHW: channels-last, which oneDNN's depthwise conv
-            # runs several times faster than NCHW (backward especially)
-            grid = patches.permute(0, 2, 1, 3).reshape(B, h, w, H * d).permute(0, 3, 1, 2)
-            out = conv(grid).permute(0, 2, 3, 1).reshape(B, h * w, H, d).permute(0, 2, 1, 3)
+            weight = weight.repeat(H, 1, 1, 1)
+            bias = bias.repeat(H) if bias is not None else None
+        out = F.conv2d(grid, weight, bias, conv.stride, conv.padding, conv.dilation, H * d)
+        out = out.permute(0, 2, 3, 1).reshape(B, h * w, H, d).permute(0, 2, 1, 3)
         return torch.cat([torch.zeros_like(v[:, :, :p]), out], dim=2)

@@ -8,18 +8,20 @@ import pandas as pd
 from linvit.report.plotting import new_figure, save
 
 
-def _line_style(operator: str, backend: str) -> dict:
+def _line_style(operator: str, backend: str, part: str) -> dict:
     styles = {"reference": ":", "sdpa": "--"}
-    return {"marker": "o", "ms": 3, "linestyle": styles.get(backend, "-"),
-            "label": operator if backend in ("torch", "sdpa") else f"{operator} ({backend})"}
+    label = operator if backend in ("torch", "sdpa") else f"{operator} ({backend})"
+    return {"marker": "o" if part == "core" else "x", "ms": 3,
+            "linestyle": styles.get(backend, "-"),
+            "label": label if part == "core" else f"{label} + local"}
 
 
 def operator_scaling(ops: pd.DataFrame, stem: Path) -> None:
     fig, (ax_t, ax_m) = new_figure(2, width=4.6)
-    for (op, be), g in ops.groupby(["operator", "backend"], sort=False):
+    for (op, be, part), g in ops.groupby(["operator", "backend", "part"], sort=False):
         g = g.sort_values("tokens")
-        ax_t.plot(g.tokens, g.ms, **_line_style(op, be))
-        ax_m.plot(g.tokens, g.peak_mib, **_line_style(op, be))
+        ax_t.plot(g.tokens, g.ms, **_line_style(op, be, part))
+        ax_m.plot(g.tokens, g.peak_mib, **_line_style(op, be, part))
     for ax, label in ((ax_t, "forward+backward time (ms)"), (ax_m, "peak memory (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -18,6 +18,28 @@ import torch.utils.benchmark as benchmark
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")      # the CPU profiler is chatty on stderr
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3        # glibc's mallopt parameters
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc keep freed blocks for reuse instead of returning each to the OS.
+
+    torch's CPU allocator does not cache: every tensor of a few MiB is a fresh mmap, so its first
+    touch page-faults, and at N=4096 that alone costs more than the arithmetic of a linear
+    attention's elementwise passes. PyTorch's CPU tuning guide swaps in jemalloc or tcmalloc for
+    this reason; the benchmark gets the same effect from glibc itself, for every row alike
+    (softmax included). Returns False where glibc is not the allocator.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30) and
+                    libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    except (OSError, AttributeError):
+        return False
+
 
 def median_seconds(fn: Callable[[], object], min_run_time: float) -> float:
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn},

@@ -1,10 +1,15 @@
 """Every operator's token mixing against the number of tokens, forward+backward.
 
-What is timed is `op.mix(q, k, v)` (feature maps, global mixing and any local term) and its
-backward pass with respect to q, k, v and the operator's own parameters: everything but the qkv and
-output projections, which every operator shares. Softmax is torch's fused SDPA; each linear
-operator runs on every backend of linvit.ops that applies to the device, so the reference rows
-show what the fused paths buy.
+Two parts of an operator are timed, forward and backward with respect to q, k, v and the
+operator's own parameters (the qkv and output projections, which every operator shares, are not):
+
+    core   global_mix: feature maps and the global token mixing, what softmax attention (torch's
+           fused SDPA) does and what the goals compare with it;
+    mix    core plus the operator's token-local term (the depthwise convs of focused and inline),
+           reported for the operators that have one.
+
+Each linear operator runs on every backend of linvit.ops that applies to the device, so the
+reference rows show what the fused paths buy.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import math
 
 import torch
 
-from linvit.attention import OPERATORS
+from linvit.attention import OPERATORS, AttentionOperator
 from linvit.bench.measure import median_seconds, peak_bytes
 from linvit.ops.linear_attention import backend, triton_available
 
@@ -36,47 +41,56 @@ def make_operator(name: str, heads: int, head_dim: int, tokens: int, device: tor
     return op
 
 
-def make_step(op, batch: int, tokens: int, head_dim: int, device: torch.device, seed: int = 0):
-    """One forward+backward of op.mix on fixed random q, k, v (scaled like real projections)."""
+def parts_of(name: str) -> list[str]:
+    has_local = OPERATORS[name].local_mix is not AttentionOperator.local_mix
+    return ["core", "mix"] if has_local else ["core"]
+
+
+def make_step(op, batch: int, tokens: int, head_dim: int, device: torch.device, part: str,
+              seed: int = 0):
+    """One forward+backward of the part on fixed random q, k, v."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     shape = (batch, op.num_heads, tokens, head_dim)
     q, k, v = (torch.randn(shape, generator=gen).to(device).requires_grad_() for _ in range(3))
     grad = torch.randn(shape, generator=gen).to(device)
     own = set(op.operator_specific_parameters())          # qkv/proj are outside mix()
     inputs = [q, k, v, *(p for n, p in op.named_parameters() if n in own)]
+    fn = op.global_mix if part == "core" else op.mix
 
     def step():
-        out = op.mix(q, k, v)
-        return torch.autograd.grad(out, inputs, grad)
+        out = fn(q, k, v)
+        return torch.autograd.grad(out, inputs, grad, allow_unused=True)
     return step
 
 
-def bench_operator(name: str, backend_name: str, tokens: int, cfg, device: torch.device) -> dict:
+def bench_operator(name: str, backend_name: str, part: str, tokens: int, cfg,
+                   device: torch.device) -> dict:
     op = make_operator(name, cfg.heads, cfg.head_dim, tokens, device)
-    step = make_step(op, cfg.batch, tokens, cfg.head_dim, device)
+    step = make_step(op, cfg.batch, tokens, cfg.head_dim, device, part)
     with backend("auto" if backend_name == "sdpa" else backend_name):
         seconds = median_seconds(step, cfg.min_run_time)
         peak = peak_bytes(step, device)
-    return {"operator": name, "backend": backend_name, "tokens": tokens, "batch": cfg.batch,
+    return {"operator": name, "backend": backend_name, "part": part, "tokens": tokens,
+            "batch": cfg.batch,
             "heads": cfg.heads, "head_dim": cfg.head_dim, "device": device.type,
             "ms": seconds * 1e3, "peak_mib": peak / 2**20}
 
 
-def skip(name: str, backend_name: str, tokens: int, cfg) -> bool:
-    if math.isqrt(tokens) ** 2 != tokens:
-        raise ValueError(f"bench.tokens: {tokens} is not a square number (a patch grid)")
+def skip(name: str, backend_name: str, part: str, tokens: int, cfg) -> bool:
     if name == "softmax":
         return tokens > cfg.softmax_max_tokens
-    return backend_name == "reference" and tokens > cfg.reference_max_tokens
+    if backend_name == "reference":               # the baseline of the core, not a product
+        return part == "mix" or tokens > cfg.reference_max_tokens
+    return False
 
 
 def sweep_operators(cfg, device: torch.device) -> list[dict]:
     rows = []
-    jobs = [(n, b, t) for n in cfg.operators for b in backends_for(n, device) for t in cfg.tokens
-            if not skip(n, b, t, cfg)]
-    for i, (name, backend_name, tokens) in enumerate(jobs, 1):
-        row = bench_operator(name, backend_name, tokens, cfg, device)
-        log.info("[%d/%d] %-8s %-9s N=%-6d %9.2f ms %9.1f MiB", i, len(jobs), name, backend_name,
-                 tokens, row["ms"], row["peak_mib"])
+    jobs = [(n, b, p, t) for n in cfg.operators for b in backends_for(n, device)
+            for p in parts_of(n) for t in cfg.tokens if not skip(n, b, p, t, cfg)]
+    for i, (name, backend_name, part, tokens) in enumerate(jobs, 1):
+        row = bench_operator(name, backend_name, part, tokens, cfg, device)
+        log.info("[%d/%d] %-8s %-9s %-4s N=%-6d %9.2f ms %9.1f MiB", i, len(jobs), name,
+                 backend_name, part, tokens, row["ms"], row["peak_mib"])
         rows.append(row)
     return rows

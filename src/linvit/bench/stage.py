@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from linvit.bench.figures import model_throughput, operator_scaling
+from linvit.bench.measure import keep_freed_memory
 from linvit.bench.models import sweep_models
 from linvit.bench.operators import sweep_operators
 from linvit.bench.ratios import goals, markdown
@@ -44,7 +45,9 @@ def run_bench(cfg: BenchConfig, out, replace: bool = False) -> dict:
         torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)
     run = RunDir(out, "bench", to_dict(cfg), replace=replace)
-    run.open(True, f"device {device}, {torch.get_num_threads()} threads")
+    cached = device.type == "cpu" and keep_freed_memory()
+    run.open(True, f"device {device}, {torch.get_num_threads()} threads, malloc keeps freed "
+                   f"memory: {cached}")
     ops = write_csv(sweep_operators(cfg, device), run.path / "ops.csv")
     operator_scaling(ops, run.path / "ops_scaling")
     models = None
@@ -56,5 +59,5 @@ def run_bench(cfg: BenchConfig, out, replace: bool = False) -> dict:
     print(text)
     measured = goals(ops, cfg)
     return run.finish({"goals": measured, "device": device.type,
-                       "threads": torch.get_num_threads(),
+                       "threads": torch.get_num_threads(), "malloc_keeps_freed": cached,
                        "goals_hold": all(g["holds"] == "yes" for g in measured)})

@@ -3,12 +3,10 @@ sp = softplus(s) per channel: a reference (autograd) and a fused Function with i
 written out.
 
 Autograd through the reference keeps about ten (N, d) intermediates and runs as many elementwise
-kernels backward; the fused version keeps x' and phi and does the backward in a few in-place passes:
+kernels backward; the fused version keeps x' and phi and does the backward in a few in-place
+passes. With n1 = ||x'||, n2 = ||x'^p||, phi = n1 x'^p / n2 and one row dot gd = sum_d G phi:
 
-    u = phi / n1                                   (unit vector along x'^p; n1 = ||x'||)
-    g_n1 = sum_d G u,     g_u = n1 G
-    g_y  = (g_u - u sum_d(g_u u)) / n2             (n2 = ||x'^p||)
-    g_x' = p x'^(p-1) g_y + g_n1 x' / n1
+    g_x' = p x'^(p-1) (n1 G - phi gd / n1) / n2 + x' gd / n1^2
     g_x  = g_x' / sp * [x > 0],   g_sp = -sum_{b,n} g_x' x' / sp,   g_s = g_sp sigmoid(s)
 """
 from __future__ import annotations
@@ -37,7 +35,7 @@ class FocusedFeatures(torch.autograd.Function):
         sp = _softplus(scale.float())
         xs = torch.relu(x.float()).add_(FLOOR).div_(sp)                 # x'
         n1 = torch.linalg.vector_norm(xs, dim=-1, keepdim=True)
-        y = xs.pow(p)
+        y = xs * xs * xs if p == 3.0 else xs.pow(p)
         n2 = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
         phi = y.mul_(n1 / n2)                                            # in place: y is done
         ctx.save_for_backward(x, scale, xs, phi, n1, n2)
@@ -48,14 +46,17 @@ class FocusedFeatures(torch.autograd.Function):
     def backward(ctx, grad):
         x, scale, xs, phi, n1, n2 = ctx.saved_tensors
         p, g = ctx.p, grad.float()
-        u = phi / n1
-        g_n1 = (g * u).sum(dim=-1, keepdim=True)
-        g_u = g.mul(n1)
-        g_y = g_u.sub_(u.mul_((g_u * u).sum(dim=-1, keepdim=True))).div_(n2)
-        g_xs = xs.pow(p - 1).mul_(p).mul_(g_y).add_(xs * (g_n1 / n1))
+        gd = (g * phi).sum(dim=-1, keepdim=True)
+        g_xs = g.mul(n1).sub_(phi * (gd / n1)).mul_(p / n2)
+        if p == 3.0:                                   # FLatten's default: no pow kernel
+            g_xs.mul_(xs).mul_(xs)
+        else:
+            g_xs.mul_(xs.pow(p - 1))
+        g_xs.addcmul_(xs, gd / n1.square())
         sp = _softplus(scale.float())
         g_sp = -(g_xs * xs).sum(dim=(0, 2), keepdim=True).div_(sp)
-        g_x = g_xs.div_(sp).mul_(x > 0)
+        # relu's derivative as sign(relu(x)) in {0, 1}: masked_fill_ is ~15x slower on CPU
+        g_x = g_xs.div_(sp).mul_(torch.relu(x.float()).sign_())
         g_scale = (g_sp * torch.sigmoid(scale.float())).to(scale.dtype)
         return g_x.to(x.dtype), g_scale, None
 
