@@ -10,13 +10,13 @@ time order: exact bytes, independent of the allocator's caching and of the proce
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from typing import Callable
 
 import torch
 import torch.utils.benchmark as benchmark
-
-os.environ.setdefault("KINETO_LOG_LEVEL", "5")      # the CPU profiler is chatty on stderr
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3        # glibc's mallopt parameters
 
@@ -59,10 +59,26 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
     return _cpu_peak_bytes(fn)
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Kineto prints two lines per profiler start/stop straight to fd 2; the call itself is the
+    timed one that already ran cleanly, so nothing of value is hidden."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _cpu_peak_bytes(fn: Callable[[], object]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     records = [e for e in prof.profiler.kineto_results.events()
                if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]

@@ -31,6 +31,7 @@ def _softplus(s: torch.Tensor) -> torch.Tensor:
 
 class FocusedFeatures(torch.autograd.Function):
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)   # float32 under autocast
     def forward(ctx, x, scale, p: float):
         sp = _softplus(scale.float())
         xs = torch.relu(x.float()).add_(FLOOR).div_(sp)                 # x'
@@ -43,11 +44,12 @@ class FocusedFeatures(torch.autograd.Function):
         return phi
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad):
         x, scale, xs, phi, n1, n2 = ctx.saved_tensors
         p, g = ctx.p, grad.float()
         gd = (g * phi).sum(dim=-1, keepdim=True)
-        g_xs = g.mul(n1).sub_(phi * (gd / n1)).mul_(p / n2)
+        g_xs = g.mul(n1).addcmul_(phi, gd / n1, value=-1.0).mul_(p / n2)
         if p == 3.0:                                   # FLatten's default: no pow kernel
             g_xs.mul_(xs).mul_(xs)
         else:
