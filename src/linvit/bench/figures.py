@@ -5,23 +5,26 @@ from pathlib import Path
 
 import pandas as pd
 
-from linvit.report.plotting import new_figure, save
+from linvit.report.plotting import new_figure, plt, save
 
 
-def _line_style(operator: str, backend: str, part: str) -> dict:
+def _line_style(operator: str, backend: str, part: str, colour) -> dict:
+    """Colour: operator; line: backend (dotted reference, dashed SDPA); marker: part."""
     styles = {"reference": ":", "sdpa": "--"}
-    label = operator if backend in ("torch", "sdpa") else f"{operator} ({backend})"
-    return {"marker": "o" if part == "core" else "x", "ms": 3,
+    label = operator if backend in ("torch", "sdpa", "triton") else f"{operator} ({backend})"
+    return {"marker": "o" if part == "core" else "x", "ms": 3, "color": colour,
             "linestyle": styles.get(backend, "-"),
             "label": label if part == "core" else f"{label} + local"}
 
 
 def operator_scaling(ops: pd.DataFrame, stem: Path) -> None:
     fig, (ax_t, ax_m) = new_figure(2, width=4.6)
+    colours = dict(zip(dict.fromkeys(ops.operator), plt.get_cmap("tab10").colors))
     for (op, be, part), g in ops.groupby(["operator", "backend", "part"], sort=False):
         g = g.sort_values("tokens")
-        ax_t.plot(g.tokens, g.ms, **_line_style(op, be, part))
-        ax_m.plot(g.tokens, g.peak_mib, **_line_style(op, be, part))
+        style = _line_style(op, be, part, colours[op])
+        ax_t.plot(g.tokens, g.ms, **style)
+        ax_m.plot(g.tokens, g.peak_mib, **style)
     for ax, label in ((ax_t, "forward+backward time (ms)"), (ax_m, "peak memory (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
