@@ -3,6 +3,8 @@
 # GPU, e.g. the device tool): the Triton kernels against the PyTorch reference on the GPU, then
 # `linvit bench` on the GPU (Triton, fused PyTorch and einsum reference backends, SDPA softmax).
 # Usage: scripts/bench_gpu.sh [OUT]   (default results/bench_gpu; prints the ratio table)
+# The benchmark lets float32 matmuls use TF32 (tf32=true), as GPU training does; the kernel
+# tests run in IEEE float32 (torch's default) and compare at float32 tolerances.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/bench_gpu}
@@ -11,4 +13,4 @@ out=${1:-results/bench_gpu}
 .venv/bin/python -m pytest -q -p no:cacheprovider tests/interpreted tests/test_kernels.py
 .venv/bin/linvit bench -o "$out" --rerun run.device=cuda "tokens=[1024,4096,16384,65536]" \
   softmax_max_tokens=65536 reference_max_tokens=65536 \
-  "models.sizes=[deit_t,deit_s]" models.batch=8
+  "models.sizes=[deit_t,deit_s]" models.batch=8 tf32=true

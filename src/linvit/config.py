@@ -357,6 +357,7 @@ class BenchConfig:
     heads: int = 6
     head_dim: int = 64
     min_run_time: float = 1.0          # seconds of timed calls per point
+    tf32: bool = False                 # CUDA: let float32 matmuls (torch's and Triton's) use TF32
     goal_tokens: int = 4096            # the goals: speedup over softmax at this N, ...
     goal_speedup: float = 30.0
     goal_slope: float = 1.1            # ... memory log-log slope over `tokens`, ...

@@ -44,6 +44,7 @@ def run_bench(cfg: BenchConfig, out, replace: bool = False) -> dict:
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)
+    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
     run = RunDir(out, "bench", to_dict(cfg), replace=replace)
     cached = device.type == "cpu" and keep_freed_memory()
     run.open(True, f"device {device}, {torch.get_num_threads()} threads, malloc keeps freed "

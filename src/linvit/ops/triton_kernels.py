@@ -61,7 +61,8 @@ def _features(x, offs_n, offs_d, N, D, FEATURE: tl.constexpr):
 @triton.jit
 def _state_fwd(K, V, S, Z, N, DK, DV, H, chunk, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
                FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
-               BLOCK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+               BLOCK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               PRECISION: tl.constexpr):
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // H
@@ -77,7 +78,7 @@ def _state_fwd(K, V, S, Z, N, DK, DV, H, chunk, sk_b, sk_h, sk_n, sv_b, sv_h, sv
         kt = _load_rows(k_ptr, offs_n, offs_k, N, DK, sk_n)
         kt = _features(kt, offs_n, offs_k, N, DK, FEATURE)
         vt = _load_rows(v_ptr, offs_n, offs_v, N, DV, sv_n)
-        acc += tl.dot(tl.trans(kt), vt)
+        acc += tl.dot(tl.trans(kt), vt, input_precision=PRECISION)
         if NORMALIZE:
             zacc += tl.sum(kt, axis=0)
     part = bh * tl.num_programs(1) + split
@@ -89,7 +90,8 @@ def _state_fwd(K, V, S, Z, N, DK, DV, H, chunk, sk_b, sk_h, sk_n, sv_b, sv_h, sv
 @triton.jit
 def _output_fwd(Q, S, Z, O, N, DK, DV, H, eps, sq_b, sq_h, sq_n, so_b, so_h, so_n,
                 FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
-                BLOCK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                BLOCK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               PRECISION: tl.constexpr):
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
@@ -99,7 +101,7 @@ def _output_fwd(Q, S, Z, O, N, DK, DV, H, eps, sq_b, sq_h, sq_n, so_b, so_h, so_
     qt = _load_rows(Q + b * sq_b + h * sq_h, offs_n, offs_k, N, DK, sq_n)
     qt = _features(qt, offs_n, offs_k, N, DK, FEATURE)
     s = tl.load(S + bh * BK * BV + offs_k[:, None] * BV + offs_v[None, :])
-    out = tl.dot(qt, s)
+    out = tl.dot(qt, s, input_precision=PRECISION)
     if NORMALIZE:
         z = tl.load(Z + bh * BK + offs_k)
         den = tl.sum(qt * z[None, :], axis=1) + eps
@@ -113,7 +115,8 @@ def _output_fwd(Q, S, Z, O, N, DK, DV, H, eps, sq_b, sq_h, sq_n, so_b, so_h, so_
 def _dq_state(Q, DO, S, Z, DQ, DS, DZ, N, DK, DV, H, chunk, eps,
               sq_b, sq_h, sq_n, sd_b, sd_h, sd_n, sg_b, sg_h, sg_n,
               FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
-              BLOCK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+              BLOCK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               PRECISION: tl.constexpr):
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // H
@@ -136,13 +139,15 @@ def _dq_state(Q, DO, S, Z, DQ, DS, DZ, N, DK, DV, H, chunk, eps,
             # o is recomputed rather than saved: one extra (BLOCK_N x BK x BV) product
             den = tl.sum(phi * z[None, :], axis=1) + eps
             dnum = g / den[:, None]
-            dden = -tl.sum(dnum * (tl.dot(phi, s) / den[:, None]), axis=1)
-            dphi = tl.dot(dnum, tl.trans(s)) + dden[:, None] * z[None, :]
+            o = tl.dot(phi, s, input_precision=PRECISION) / den[:, None]
+            dden = -tl.sum(dnum * o, axis=1)
+            dphi = tl.dot(dnum, tl.trans(s), input_precision=PRECISION)
+            dphi += dden[:, None] * z[None, :]
             acc_z += tl.sum(phi * dden[:, None], axis=0)
         else:
             dnum = g
-            dphi = tl.dot(dnum, tl.trans(s))
-        acc_s += tl.dot(tl.trans(phi), dnum)
+            dphi = tl.dot(dnum, tl.trans(s), input_precision=PRECISION)
+        acc_s += tl.dot(tl.trans(phi), dnum, input_precision=PRECISION)
         dq = _phi_grad(q_raw, dphi, FEATURE)
         mask = (offs_n[:, None] < N) & (offs_k[None, :] < DK)
         dq_ptr = DQ + b * sg_b + h * sg_h + offs_n[:, None] * sg_n + offs_k[None, :]
@@ -157,7 +162,8 @@ def _dq_state(Q, DO, S, Z, DQ, DS, DZ, N, DK, DV, H, chunk, eps,
 def _dkv(K, V, DS, DZ, DK_, DV_, N, DK, DV, H, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
          sgk_b, sgk_h, sgk_n, sgv_b, sgv_h, sgv_n,
          FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
-         BLOCK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+         BLOCK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               PRECISION: tl.constexpr):
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
@@ -169,12 +175,12 @@ def _dkv(K, V, DS, DZ, DK_, DV_, N, DK, DV, H, sk_b, sk_h, sk_n, sv_b, sv_h, sv_
     phi = _features(k_raw, offs_n, offs_k, N, DK, FEATURE)
     vt = _load_rows(V + b * sv_b + h * sv_h, offs_n, offs_v, N, DV, sv_n)
     ds = tl.load(DS + bh * BK * BV + offs_k[:, None] * BV + offs_v[None, :])
-    dphi = tl.dot(vt, tl.trans(ds))
+    dphi = tl.dot(vt, tl.trans(ds), input_precision=PRECISION)
     if NORMALIZE:
         dz = tl.load(DZ + bh * BK + offs_k)
         dphi += dz[None, :]
     dk = _phi_grad(k_raw, dphi, FEATURE)
-    dv = tl.dot(phi, ds)
+    dv = tl.dot(phi, ds, input_precision=PRECISION)
     mask_k = (offs_n[:, None] < N) & (offs_k[None, :] < DK)
     mask_v = (offs_n[:, None] < N) & (offs_v[None, :] < DV)
     tl.store(DK_ + b * sgk_b + h * sgk_h + offs_n[:, None] * sgk_n + offs_k[None, :],
@@ -221,8 +227,10 @@ class TritonLinearAttention(torch.autograd.Function):
         BK, BV = _block(Dk), _block(Dv)
         nsplit = _splits(B * H, triton.cdiv(N, block_n), q.device, splits)
         chunk = _chunked(N, block_n, nsplit)
+        # float32 products in TF32 only where torch's own matmuls may use it (same global switch)
+        precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
         meta = dict(FEATURE=FEATURE_CODES[kind], NORMALIZE=normalize, BLOCK_N=block_n, BK=BK,
-                    BV=BV, num_warps=8 if BK * BV >= 128 * 64 else 4)
+                    BV=BV, PRECISION=precision, num_warps=8 if BK * BV >= 128 * 64 else 4)
         f32 = dict(device=q.device, dtype=torch.float32)
         s_part = torch.empty(B * H, nsplit, BK, BV, **f32)
         z_part = torch.zeros(B * H, nsplit, BK, **f32)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from linvit.config import ConfigError, EvaluateConfig, ImportConfig, PretrainConfig
 from linvit.models import ModelSpec, create_vit, load_model, save_model
 from linvit.train.common import completed_metrics, finish_training, make_loaders, start_run
