@@ -374,7 +374,8 @@ class BenchConfig:
             if n <= 0 or int(n ** 0.5) ** 2 != n:
                 raise ConfigError(f"tokens[{i}]: {n} is not a positive square (a patch grid)")
         for name in ("softmax_max_tokens", "reference_max_tokens", "batch", "heads", "head_dim",
-                     "min_run_time", "goal_tokens", "goal_speedup", "goal_slope"):
+                     "min_run_time", "goal_tokens", "goal_speedup", "goal_slope",
+                     "goal_kernel_speedup"):
             _positive(name, getattr(self, name))
 
 

@@ -1,9 +1,8 @@
 """Linear attention with phi(x) = elu(x) + 1 (Katharopoulos et al. 2020, arXiv 2006.16236)."""
 from __future__ import annotations
 
-import torch.nn.functional as F
-
 from linvit.attention.base import AttentionOperator
+from linvit.ops.fused_torch import feature
 from linvit.ops.linear_attention import linear_attention, normalized_linear_attention_map
 
 
@@ -11,7 +10,7 @@ class LinearAttention(AttentionOperator):
     name = "linear"
 
     def feature_map(self, x):
-        return F.elu(x.float()) + 1.0                              # > 0 everywhere
+        return feature(x, "elu1")                                  # elu(x) + 1 > 0 everywhere
 
     def global_mix(self, q, k, v):
         # the feature map is fused into the core (it is recomputed in backward, never stored)

@@ -10,7 +10,7 @@ import logging
 import torch
 
 from linvit.bench.measure import median_seconds, peak_bytes
-from linvit.models import ModelSpec, create_vit, get_size
+from linvit.models import ModelSpec, create_vit
 
 log = logging.getLogger("linvit")
 
@@ -26,9 +26,8 @@ def bench_model(size: str, operator: str, resolution: int, cfg, device: torch.de
             return model(images)
     seconds = median_seconds(forward, cfg.min_run_time)
     peak = peak_bytes(forward, device)
-    patch = get_size(size).patch_size
     return {"size": size, "operator": operator, "resolution": resolution,
-            "tokens": (resolution // patch) ** 2 + model.num_prefix_tokens, "batch": cfg.batch,
+            "tokens": model.patch_embed.num_patches + model.num_prefix_tokens, "batch": cfg.batch,
             "device": device.type, "ms_per_batch": seconds * 1e3,
             "images_per_s": cfg.batch / seconds, "peak_mib": peak / 2**20}
 

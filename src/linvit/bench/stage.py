@@ -55,10 +55,10 @@ def run_bench(cfg: BenchConfig, out, replace: bool = False) -> dict:
     if cfg.models is not None:
         models = write_csv(sweep_models(cfg.models, device), run.path / "models.csv")
         model_throughput(models, run.path / "models_throughput")
-    text = markdown(ops, models, cfg)
+    measured = goals(ops, cfg)
+    text = markdown(ops, models, measured, cfg)
     write_text(run.path / "ratios.md", text)
     print(text)
-    measured = goals(ops, cfg)
     return run.finish({"goals": measured, "device": device.type,
                        "threads": torch.get_num_threads(), "malloc_keeps_freed": cached,
                        "goals_hold": all(g["holds"] == "yes" for g in measured)})

@@ -24,16 +24,11 @@ def focused_features_reference(x: torch.Tensor, scale: torch.Tensor, p: float) -
     return x.norm(dim=-1, keepdim=True) * x_pow / x_pow.norm(dim=-1, keepdim=True)
 
 
-def _softplus(s: torch.Tensor) -> torch.Tensor:
-    # log1p(exp(s)) on a (1, H, 1, d) tensor: tiny, F.softplus is fine here
-    return F.softplus(s)
-
-
 class FocusedFeatures(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)   # float32 under autocast
     def forward(ctx, x, scale, p: float):
-        sp = _softplus(scale.float())
+        sp = F.softplus(scale.float())
         xs = torch.relu(x.float()).add_(FLOOR).div_(sp)                 # x'
         n1 = torch.linalg.vector_norm(xs, dim=-1, keepdim=True)
         y = xs * xs * xs if p == 3.0 else xs.pow(p)
@@ -55,7 +50,7 @@ class FocusedFeatures(torch.autograd.Function):
         else:
             g_xs.mul_(xs.pow(p - 1))
         g_xs.addcmul_(xs, gd / n1.square())
-        sp = _softplus(scale.float())
+        sp = F.softplus(scale.float())
         g_sp = -(g_xs * xs).sum(dim=(0, 2), keepdim=True).div_(sp)
         # relu's derivative as sign(relu(x)) in {0, 1}: masked_fill_ is ~15x slower on CPU
         g_x = g_xs.div_(sp).mul_(torch.relu(x.float()).sign_())

@@ -59,14 +59,33 @@ def _features(x, offs_n, offs_d, N, D, FEATURE: tl.constexpr):
 
 
 @triton.jit
+def _store_rows(ptr, x, offs_n, offs_d, N, D, stride_n):
+    """Store a (BLOCK_N, BD) tile in the tensor's dtype, leaving rows >= N / columns >= D alone."""
+    mask = (offs_n[:, None] < N) & (offs_d[None, :] < D)
+    tl.store(ptr + offs_n[:, None] * stride_n + offs_d[None, :], x.to(ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def _state(index, offs_k, offs_v, BK: tl.constexpr, BV: tl.constexpr):
+    """Offsets of the (BK, BV) state number `index` in a dense padded state buffer."""
+    return index * BK * BV + offs_k[:, None] * BV + offs_v[None, :]
+
+
+@triton.jit
+def _head(H):
+    """This program's (batch x head) index, and the batch and head it stands for."""
+    bh = tl.program_id(0)
+    return bh, bh // H, bh % H
+
+
+@triton.jit
 def _state_fwd(K, V, S, Z, N, DK, DV, H, chunk, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
                FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
                BLOCK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                PRECISION: tl.constexpr):
-    bh = tl.program_id(0)
+    bh, b, h = _head(H)
     split = tl.program_id(1)
-    b = bh // H
-    h = bh % H
     offs_k = tl.arange(0, BK)
     offs_v = tl.arange(0, BV)
     acc = tl.zeros((BK, BV), dtype=tl.float32)
@@ -82,7 +101,7 @@ def _state_fwd(K, V, S, Z, N, DK, DV, H, chunk, sk_b, sk_h, sk_n, sv_b, sv_h, sv
         if NORMALIZE:
             zacc += tl.sum(kt, axis=0)
     part = bh * tl.num_programs(1) + split
-    tl.store(S + part * BK * BV + offs_k[:, None] * BV + offs_v[None, :], acc)
+    tl.store(S + _state(part, offs_k, offs_v, BK, BV), acc)
     if NORMALIZE:
         tl.store(Z + part * BK + offs_k, zacc)
 
@@ -91,24 +110,20 @@ def _state_fwd(K, V, S, Z, N, DK, DV, H, chunk, sk_b, sk_h, sk_n, sv_b, sv_h, sv
 def _output_fwd(Q, S, Z, O, N, DK, DV, H, eps, sq_b, sq_h, sq_n, so_b, so_h, so_n,
                 FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
                 BLOCK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               PRECISION: tl.constexpr):
-    bh = tl.program_id(0)
-    b = bh // H
-    h = bh % H
+                PRECISION: tl.constexpr):
+    bh, b, h = _head(H)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BK)
     offs_v = tl.arange(0, BV)
     qt = _load_rows(Q + b * sq_b + h * sq_h, offs_n, offs_k, N, DK, sq_n)
     qt = _features(qt, offs_n, offs_k, N, DK, FEATURE)
-    s = tl.load(S + bh * BK * BV + offs_k[:, None] * BV + offs_v[None, :])
+    s = tl.load(S + _state(bh, offs_k, offs_v, BK, BV))
     out = tl.dot(qt, s, input_precision=PRECISION)
     if NORMALIZE:
         z = tl.load(Z + bh * BK + offs_k)
         den = tl.sum(qt * z[None, :], axis=1) + eps
         out = out / den[:, None]
-    mask = (offs_n[:, None] < N) & (offs_v[None, :] < DV)
-    o_ptr = O + b * so_b + h * so_h + offs_n[:, None] * so_n + offs_v[None, :]
-    tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mask)
+    _store_rows(O + b * so_b + h * so_h, out, offs_n, offs_v, N, DV, so_n)
 
 
 @triton.jit
@@ -116,14 +131,12 @@ def _dq_state(Q, DO, S, Z, DQ, DS, DZ, N, DK, DV, H, chunk, eps,
               sq_b, sq_h, sq_n, sd_b, sd_h, sd_n, sg_b, sg_h, sg_n,
               FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
               BLOCK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               PRECISION: tl.constexpr):
-    bh = tl.program_id(0)
+              PRECISION: tl.constexpr):
+    bh, b, h = _head(H)
     split = tl.program_id(1)
-    b = bh // H
-    h = bh % H
     offs_k = tl.arange(0, BK)
     offs_v = tl.arange(0, BV)
-    s = tl.load(S + bh * BK * BV + offs_k[:, None] * BV + offs_v[None, :])
+    s = tl.load(S + _state(bh, offs_k, offs_v, BK, BV))
     z = tl.zeros((BK,), dtype=tl.float32)
     if NORMALIZE:
         z = tl.load(Z + bh * BK + offs_k)
@@ -149,11 +162,9 @@ def _dq_state(Q, DO, S, Z, DQ, DS, DZ, N, DK, DV, H, chunk, eps,
             dphi = tl.dot(dnum, tl.trans(s), input_precision=PRECISION)
         acc_s += tl.dot(tl.trans(phi), dnum, input_precision=PRECISION)
         dq = _phi_grad(q_raw, dphi, FEATURE)
-        mask = (offs_n[:, None] < N) & (offs_k[None, :] < DK)
-        dq_ptr = DQ + b * sg_b + h * sg_h + offs_n[:, None] * sg_n + offs_k[None, :]
-        tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=mask)
+        _store_rows(DQ + b * sg_b + h * sg_h, dq, offs_n, offs_k, N, DK, sg_n)
     part = bh * tl.num_programs(1) + split
-    tl.store(DS + part * BK * BV + offs_k[:, None] * BV + offs_v[None, :], acc_s)
+    tl.store(DS + _state(part, offs_k, offs_v, BK, BV), acc_s)
     if NORMALIZE:
         tl.store(DZ + part * BK + offs_k, acc_z)
 
@@ -163,10 +174,8 @@ def _dkv(K, V, DS, DZ, DK_, DV_, N, DK, DV, H, sk_b, sk_h, sk_n, sv_b, sv_h, sv_
          sgk_b, sgk_h, sgk_n, sgv_b, sgv_h, sgv_n,
          FEATURE: tl.constexpr, NORMALIZE: tl.constexpr,
          BLOCK_N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               PRECISION: tl.constexpr):
-    bh = tl.program_id(0)
-    b = bh // H
-    h = bh % H
+         PRECISION: tl.constexpr):
+    bh, b, h = _head(H)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BK)
     offs_v = tl.arange(0, BV)
@@ -174,19 +183,15 @@ def _dkv(K, V, DS, DZ, DK_, DV_, N, DK, DV, H, sk_b, sk_h, sk_n, sv_b, sv_h, sv_
     k_raw = _load_rows(k_ptr, offs_n, offs_k, N, DK, sk_n)
     phi = _features(k_raw, offs_n, offs_k, N, DK, FEATURE)
     vt = _load_rows(V + b * sv_b + h * sv_h, offs_n, offs_v, N, DV, sv_n)
-    ds = tl.load(DS + bh * BK * BV + offs_k[:, None] * BV + offs_v[None, :])
+    ds = tl.load(DS + _state(bh, offs_k, offs_v, BK, BV))
     dphi = tl.dot(vt, tl.trans(ds), input_precision=PRECISION)
     if NORMALIZE:
         dz = tl.load(DZ + bh * BK + offs_k)
         dphi += dz[None, :]
     dk = _phi_grad(k_raw, dphi, FEATURE)
     dv = tl.dot(phi, ds, input_precision=PRECISION)
-    mask_k = (offs_n[:, None] < N) & (offs_k[None, :] < DK)
-    mask_v = (offs_n[:, None] < N) & (offs_v[None, :] < DV)
-    tl.store(DK_ + b * sgk_b + h * sgk_h + offs_n[:, None] * sgk_n + offs_k[None, :],
-             dk.to(DK_.dtype.element_ty), mask=mask_k)
-    tl.store(DV_ + b * sgv_b + h * sgv_h + offs_n[:, None] * sgv_n + offs_v[None, :],
-             dv.to(DV_.dtype.element_ty), mask=mask_v)
+    _store_rows(DK_ + b * sgk_b + h * sgk_h, dk, offs_n, offs_k, N, DK, sgk_n)
+    _store_rows(DV_ + b * sgv_b + h * sgv_h, dv, offs_n, offs_v, N, DV, sgv_n)
 
 
 # --- launchers ------------------------------------------------------------------------------
