@@ -9,6 +9,7 @@ import torch
 from linvit.data import DATASETS, DatasetNotFound, get_dataset
 from linvit.data.fashion_mnist import DEBIAN_ROOT
 from linvit.data.loaders import TensorLoader
+from linvit.errors import DataError
 
 from conftest import synthetic_mnist
 
@@ -119,7 +120,7 @@ def test_cifar_reads_the_python_layout_and_refuses_code(tmp_path):
             return (print, ("code ran",))
 
     (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(pickle.dumps({b"data": Evil()}))
-    with pytest.raises(pickle.UnpicklingError, match="refusing to load builtins.print"):
+    with pytest.raises(DataError, match="refusing to load builtins.print"):
         get_dataset("cifar10").arrays(str(tmp_path), "test")
 
 

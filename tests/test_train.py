@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from linvit.config import FinetuneConfig, PretrainConfig, load_config
+from linvit.errors import RunDirError
 from linvit.io import read_jsonl
 from linvit.train import trainer
 from linvit.train.stages import run_pretrain
@@ -76,7 +77,7 @@ def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_pat
 
 def test_rerun_with_another_config_is_refused(mnist_root, tmp_path):
     run_pretrain(pretrain_cfg(mnist_root, "optim.epochs=2"), tmp_path / "run")
-    with pytest.raises(ValueError, match="optim.lr"):
+    with pytest.raises(RunDirError, match="optim.lr"):
         run_pretrain(pretrain_cfg(mnist_root, "optim.epochs=2", "optim.lr=0.01"), tmp_path / "run")
 
 

@@ -6,7 +6,6 @@ and exits with status 2 and one line naming the problem when it cannot run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -85,25 +84,35 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.nproc > 1 and "LOCAL_RANK" not in os.environ:
         relaunch_distributed(args.nproc, argv)
-    from linvit.config import STAGE_CONFIGS, ConfigError, load_config
-    from linvit.data import DatasetNotFound
-    from linvit.models import CheckpointError
+    from linvit.errors import LinvitError, RunFailed
 
     try:
-        if args.command == "list":
-            print_registries()
-            return 0
-        if args.command == "demo":
-            _resolve("linvit.demo:run_demo")(args.out, args.operator, args.overrides)
-            return 0
-        cfg = load_config(STAGE_CONFIGS[CONFIG_OF.get(args.command, args.command)], args.config,
-                          args.overrides)
-        metrics = _resolve(STAGES[args.command][1])(cfg, args.out, replace=args.rerun)
-    except (ConfigError, DatasetNotFound, CheckpointError) as e:
+        return run_command(args)
+    except LinvitError as e:
         print(f"linvit {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except RunFailed as e:
+        print(f"linvit {args.command}: failed: {e}", file=sys.stderr)
+        return 1
+
+
+def run_command(args) -> int:
+    from linvit.config import STAGE_CONFIGS, load_config
+    from linvit.io import dumps
+    from linvit.train.rundir import check_output_path
+
+    if args.command == "list":
+        print_registries()
+        return 0
+    check_output_path(args.out)
+    if args.command == "demo":
+        _resolve("linvit.demo:run_demo")(args.out, args.operator, args.overrides)
+        return 0
+    cfg = load_config(STAGE_CONFIGS[CONFIG_OF.get(args.command, args.command)], args.config,
+                      args.overrides)
+    metrics = _resolve(STAGES[args.command][1])(cfg, args.out, replace=args.rerun)
     brief = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
-    print(json.dumps(brief, indent=1, sort_keys=True))
+    print(dumps(brief, indent=1))
     return 0
 
 

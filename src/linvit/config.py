@@ -1,11 +1,14 @@
 """Typed, validated configs for every CLI stage: YAML file + dotted overrides -> dataclasses.
 
 Everything a run needs is checked here, before any data is read or any tensor is allocated:
-unknown fields, wrong types, unknown registry names (with the allowed values), missing files.
+unknown fields, wrong types, unknown registry names (with the allowed values), missing files,
+numbers out of range (every float must be finite), and the model a run would build (its patch grid
+must tile the images; distillation layers must exist in the teacher).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -14,16 +17,14 @@ from typing import Any, Literal
 
 import yaml
 
-from linvit.attention import OPERATORS
+from linvit.attention import OPERATORS, check_options
 from linvit.data import DATASETS
+from linvit.errors import ConfigError
+from linvit.io import load_yaml
 from linvit.models import SIZES
 from linvit.transfer.groups import GROUPS
 from linvit.transfer.losses import LOSSES
 from linvit.transfer.strategies import STRATEGIES
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message names the field."""
 
 
 def _one_of(path: str, value, allowed) -> None:
@@ -41,22 +42,46 @@ def _existing_file(path: str, value) -> None:
         raise ConfigError(f"{path}: file not found: {value}")
 
 
+def _in_range(path: str, value, low, high) -> None:
+    if value is not None and not low <= value <= high:
+        raise ConfigError(f"{path}: must be in [{low}, {high}], got {value}")
+
+
+MAX_SEED = 2**63 - 1
+
+
+def _image_size(p: str, data) -> int:
+    """The image size a dataset will deliver, known without reading the data."""
+    try:
+        return DATASETS[data.dataset].image_size(data.img_size)
+    except ValueError as e:
+        raise ConfigError(f"{p}.img_size: {e}") from None
+
+
+def _check_spec(p: str, spec) -> None:
+    """The model this spec describes can be built (grid tiles the image, options typed)."""
+    try:
+        spec.check()
+    except ValueError as e:
+        raise ConfigError(f"{p}: {e}") from None
+
+
 @dataclass
 class ModelCfg:
     size: str | None = "cpu96"      # None in distill/finetune: the teacher's size
     operator: str = "softmax"
-    operator_options: dict[str, float] = field(default_factory=dict)
+    # typed like the operator's declared defaults (int, float, bool): see check_options
+    operator_options: dict[str, Any] = field(default_factory=dict)
     drop_path: float = 0.0
 
     def validate(self, p: str) -> None:
         if self.size is not None:
             _one_of(f"{p}.size", self.size, SIZES)
         _one_of(f"{p}.operator", self.operator, OPERATORS)
-        unknown = sorted(set(self.operator_options) - set(OPERATORS[self.operator].options))
-        if unknown:
-            allowed = ", ".join(OPERATORS[self.operator].options) or "none"
-            raise ConfigError(f"{p}.operator_options: {unknown} not options of "
-                              f"{self.operator!r} (allowed: {allowed})")
+        try:
+            self.operator_options = check_options(self.operator, self.operator_options)
+        except ValueError as e:
+            raise ConfigError(f"{p}.operator_options: {e}") from None
         if not 0 <= self.drop_path < 1:
             raise ConfigError(f"{p}.drop_path: must be in [0, 1), got {self.drop_path}")
 
@@ -77,6 +102,10 @@ class DataCfg:
         for name in ("img_size", "train_subset", "test_subset", "batch_size", "eval_batch_size"):
             _positive(f"{p}.{name}", getattr(self, name))
         _positive(f"{p}.workers", self.workers, allow_zero=True)
+        if self.train_subset is not None and self.train_subset < self.batch_size:
+            raise ConfigError(f"{p}.train_subset: {self.train_subset} samples make no batch of "
+                              f"{p}.batch_size={self.batch_size} (training drops partial batches)")
+        _image_size(p, self)
 
 
 @dataclass
@@ -119,8 +148,15 @@ class RunCfg:
     eval_every: int = 1               # evaluate on the test split every k epochs (0: at the end)
 
     def validate(self, p: str) -> None:
+        _in_range(f"{p}.seed", self.seed, 0, MAX_SEED)
         _positive(f"{p}.threads", self.threads)
         _positive(f"{p}.eval_every", self.eval_every, allow_zero=True)
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(f"{p}.device: cuda, but torch sees no CUDA device (use auto "
+                                  "or cpu)")
 
 
 @dataclass
@@ -180,8 +216,13 @@ class PretrainConfig:
     run: RunCfg = field(default_factory=RunCfg)
 
     def validate(self, p: str) -> None:
+        from linvit.models import ModelSpec
+
         if self.model.size is None:
             raise ConfigError("model.size: required for pretraining")
+        spec = ModelSpec(self.model.size, self.model.operator, 1, _image_size("data", self.data),
+                         1, self.model.operator_options, self.model.drop_path)
+        _check_spec("model", spec)
 
 
 @dataclass
@@ -198,6 +239,24 @@ class DistillConfig:
         if self.teacher is None:
             raise ConfigError("teacher: required (a softmax teacher's model.safetensors)")
         _existing_file("teacher", self.teacher)
+        _check_student(self)
+        if self.model.size is not None:
+            depth = SIZES[self.model.size].depth
+            bad = [l for l in self.distill.layers or [] if not 0 <= l < depth]
+            if bad:
+                raise ConfigError(f"distill.layers: {bad} outside 0..{depth - 1} "
+                                  f"({self.model.size} has {depth} blocks)")
+
+
+def _check_student(cfg) -> None:
+    """With model.size given, the student must be buildable on this data. The checks that need
+    the teacher's own spec (size, classes, depth) run in the stage, before its first write."""
+    from linvit.models import ModelSpec
+
+    if cfg.model.size is not None:
+        _check_spec("model", ModelSpec(cfg.model.size, cfg.model.operator, 1,
+                                       _image_size("data", cfg.data), 1,
+                                       cfg.model.operator_options, cfg.model.drop_path))
 
 
 @dataclass
@@ -217,6 +276,7 @@ class FinetuneConfig:
                               "strategy 'random' uses it for the model shape)")
         _existing_file("teacher", self.teacher)
         _existing_file("distilled", self.distilled)
+        _check_student(self)
         if self.init.resolve().needs_distilled and self.distilled is None:
             raise ConfigError(f"distilled: strategy {self.init.strategy!r} needs a distilled "
                               "student (the output of `linvit distill`)")
@@ -259,8 +319,12 @@ class ScenesConfig:
     sprites_root: str | None = None     # Fashion-MNIST files (None: Debian's package)
 
     def validate(self, p: str) -> None:
-        for name in ("size", "train", "val", "max_objects"):
-            _positive(name, getattr(self, name))
+        # sprites are at least 8 px and placed at most a quarter outside the scene
+        _in_range("size", self.size, 16, 4096)
+        _in_range("train", self.train, 1, 10**7)
+        _in_range("val", self.val, 1, 10**7)
+        _in_range("max_objects", self.max_objects, 1, 64)
+        _in_range("seed", self.seed, 0, 2**63 - 2)          # the val split uses seed + 1
         if not 0 < self.min_scale <= self.max_scale <= 1:
             raise ConfigError("min_scale/max_scale: need 0 < min_scale <= max_scale <= 1")
 
@@ -281,6 +345,7 @@ class DenseDataCfg:
             raise ConfigError(f"{p}.root: folder not found: {self.root}")
         for name in ("img_size", "batch_size"):
             _positive(f"{p}.{name}", getattr(self, name))
+        _positive(f"{p}.workers", self.workers, allow_zero=True)
         if self.img_size % 32:
             raise ConfigError(f"{p}.img_size: {self.img_size} is not a multiple of 32 (the "
                               "coarsest feature stride)")
@@ -304,6 +369,7 @@ class DenseOptimCfg:
     def validate(self, p: str) -> None:
         for name in ("lr", "iters", "checkpoint_every"):
             _positive(f"{p}.{name}", getattr(self, name))
+        _positive(f"{p}.weight_decay", self.weight_decay, allow_zero=True)
 
 
 @dataclass
@@ -399,8 +465,16 @@ def parse_overrides(items: list[str]) -> dict:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part} is set twice")
-        node[leaf] = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            node[leaf] = load_yaml(raw) if raw.strip() else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML "
+                              f"({_one_line(e)})") from None
     return out
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
 
 
 def deep_merge(base: dict, over: dict) -> dict:
@@ -418,9 +492,11 @@ def load_config(cls, path: str | Path | None = None, overrides: list[str] = ()) 
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = load_yaml(path.read_text()) or {}
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not a text file (a YAML config is UTF-8 text)") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+            raise ConfigError(f"{path}: not valid YAML: {_one_line(e)}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of fields")
     return build(cls, deep_merge(data, parse_overrides(list(overrides))))
@@ -466,16 +542,20 @@ def _coerce(tp, value, path: str):
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
         return {str(k): _coerce(args[1], v, f"{path}.{k}") for k, v in value.items()}
+    if tp is Any:
+        return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value)
     if tp is float and isinstance(value, str):
         try:                                  # YAML 1.1 reads "3e-4" (no dot) as a string
-            return float(value)
+            value = float(value)
         except ValueError:
             pass
     # bool is a subclass of int in Python; `epochs: true` must still be rejected.
     if not isinstance(value, tp) or (tp in (int, float) and isinstance(value, bool)):
         raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")
+    if tp is float and not math.isfinite(value):
+        raise ConfigError(f"{path}: must be a finite number, got {value}")
     return value
 
 

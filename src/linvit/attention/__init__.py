@@ -5,6 +5,8 @@ values and the workflow grid all read this dict.
 """
 from __future__ import annotations
 
+import math
+
 from linvit.attention.base import AttentionOperator
 from linvit.attention.focused import FocusedLinearAttention
 from linvit.attention.hedgehog import HedgehogAttention
@@ -28,6 +30,34 @@ def get_operator(name: str) -> type[AttentionOperator]:
         raise ValueError(f"unknown operator {name!r}; allowed: {', '.join(OPERATORS)}") from None
 
 
+def check_options(name: str, options: dict) -> dict:
+    """`options` typed like the operator's declared defaults and checked against its rules;
+    raises ValueError naming the option. An int option takes ints only (3.0 is refused, as a
+    kernel size of 3.5 would be); a float option takes ints too; numbers must be finite."""
+    cls = get_operator(name)
+    unknown = sorted(set(options) - set(cls.options))
+    if unknown:
+        allowed = ", ".join(cls.options) or "none"
+        raise ValueError(f"operator {name!r} has no option(s) {unknown}; allowed: {allowed}")
+    out = {}
+    for key, value in options.items():
+        kind = type(cls.options[key])
+        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise ValueError(f"option {key} of {name!r}: expected {kind.__name__}, got {value!r}")
+        rule, wanted = cls.option_rules.get(key, (_positive_finite, "finite and > 0"))
+        if not rule(value):
+            raise ValueError(f"option {key} of {name!r}: must be {wanted}, got {value!r}")
+        out[key] = value
+    return out
+
+
+def _positive_finite(value) -> bool:
+    return isinstance(value, bool) or (math.isfinite(value) and value > 0)
+
+
 def operator_class(name: str, **options) -> type[AttentionOperator]:
     """The operator's class, or a subclass with some of its `options` overridden.
 
@@ -35,13 +65,10 @@ def operator_class(name: str, **options) -> type[AttentionOperator]:
     functools.partial.
     """
     cls = get_operator(name)
-    unknown = sorted(set(options) - set(cls.options))
-    if unknown:
-        allowed = ", ".join(cls.options) or "none"
-        raise ValueError(f"operator {name!r} has no option(s) {unknown}; allowed: {allowed}")
+    options = check_options(name, options)
     if not options:
         return cls
     return type(cls.__name__, (cls,), dict(options))
 
 
-__all__ = ["AttentionOperator", "OPERATORS", "get_operator", "operator_class"]
+__all__ = ["AttentionOperator", "OPERATORS", "check_options", "get_operator", "operator_class"]

@@ -23,12 +23,16 @@ from torch import nn
 
 # Submodules that timm's Attention has; anything else in an operator is operator-specific.
 SHARED_SUBMODULES = ("qkv", "q_norm", "k_norm", "norm", "proj")
+# A depthwise conv padded by k // 2 keeps the grid only for odd k.
+ODD_KERNEL = (lambda k: k > 0 and k % 2 == 1, "a positive odd integer")
 
 
 class AttentionOperator(nn.Module):
     name: ClassVar[str] = ""
     # Hyper-parameters a config may override (model.operator_options), with their defaults.
     options: ClassVar[dict] = {}
+    # Per option, (predicate, what it demands); options without a rule must be finite and > 0.
+    option_rules: ClassVar[dict] = {}
     # Whether attn_drop has a meaning (only operators that form a map during training).
     supports_attn_drop: ClassVar[bool] = False
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from linvit.attention.base import AttentionOperator
+from linvit.attention.base import ODD_KERNEL, AttentionOperator
 from linvit.ops.focused_features import focused_features
 from linvit.ops.linear_attention import (normalized_linear_attention,
                                          normalized_linear_attention_map, resolve_backend)
@@ -22,6 +22,7 @@ from linvit.ops.linear_attention import (normalized_linear_attention,
 class FocusedLinearAttention(AttentionOperator):
     name = "focused"
     options = {"focusing_factor": 3.0, "kernel_size": 5}
+    option_rules = {"kernel_size": ODD_KERNEL}
     focusing_factor = 3.0
     kernel_size = 5
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from torch import nn
 
-from linvit.attention.base import AttentionOperator
+from linvit.attention.base import ODD_KERNEL, AttentionOperator
 from linvit.ops.linear_attention import injective_linear_attention, injective_linear_attention_map
 
 
 class InLineAttention(AttentionOperator):
     name = "inline"
     options = {"kernel_size": 3}
+    option_rules = {"kernel_size": ODD_KERNEL}
     kernel_size = 3
 
     def build(self, device=None, dtype=None):

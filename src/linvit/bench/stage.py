@@ -19,7 +19,7 @@ from linvit.bench.models import sweep_models
 from linvit.bench.operators import sweep_operators
 from linvit.bench.ratios import goals, markdown
 from linvit.config import BenchConfig, ConfigError, to_dict
-from linvit.io import write_atomic, write_text
+from linvit.io import read_json, write_atomic, write_text
 from linvit.train.rundir import RunDir
 
 log = logging.getLogger("linvit")
@@ -41,13 +41,17 @@ def write_csv(rows: list[dict], path: Path) -> pd.DataFrame:
 
 def run_bench(cfg: BenchConfig, out, replace: bool = False) -> dict:
     device = bench_device(cfg.run.device)
+    run = RunDir(out, "bench", to_dict(cfg), replace=replace)
+    run.check()
+    if run.finished:
+        log.info("%s is complete already; nothing to do", run.path)
+        return read_json(run.metrics)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)
     torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
-    run = RunDir(out, "bench", to_dict(cfg), replace=replace)
     cached = device.type == "cpu" and keep_freed_memory()
-    run.open(True, f"device {device}, {torch.get_num_threads()} threads, malloc keeps freed "
+    run.open(f"device {device}, {torch.get_num_threads()} threads, malloc keeps freed "
                    f"memory: {cached}")
     ops = write_csv(sweep_operators(cfg, device), run.path / "ops.csv")
     operator_scaling(ops, run.path / "ops_scaling")

@@ -10,9 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from linvit.data.loaders import TensorLoader
-
-class DatasetNotFound(FileNotFoundError):
-    """A dataset that is not on disk; the message names the paths looked at and how to install."""
+from linvit.errors import DataError, DatasetNotFound  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -40,9 +38,13 @@ class InMemoryDataset:
 
     def info(self, root: str | None = None, img_size: int | None = None) -> DataInfo:
         if img_size not in (None, self.info_.img_size):
-            raise ValueError(f"this dataset's images are {self.info_.img_size} px; "
+            raise DataError(f"this dataset's images are {self.info_.img_size} px; "
                              f"data.img_size={img_size} is not supported for it")
         return self.info_
+
+    def image_size(self, img_size: int | None = None) -> int:
+        """The side of the images this dataset delivers, known without the data on disk."""
+        return self.info(None, img_size).img_size
 
     def normalisation(self) -> tuple[tuple, tuple]:
         """(mean, std) per channel in [0, 1] units, known without the data on disk."""

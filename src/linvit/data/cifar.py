@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from linvit.data.base import DataInfo, DatasetNotFound, InMemoryDataset
+from linvit.errors import DataError
 
 LAYOUT = {10: ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"],
                b"labels"),
@@ -31,8 +32,14 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 
 def read_batch(path: Path) -> dict:
-    with open(path, "rb") as f:
-        return _ArrayUnpickler(f, encoding="bytes").load()
+    try:
+        with open(path, "rb") as f:
+            batch = _ArrayUnpickler(f, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
+        raise DataError(f"{path}: not a CIFAR batch linvit can read safely ({e})") from None
+    if not isinstance(batch, dict) or b"data" not in batch:
+        raise DataError(f"{path}: not a CIFAR batch (no data array)")
+    return batch
 
 
 class CIFAR(InMemoryDataset):

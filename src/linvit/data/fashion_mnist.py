@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from linvit.data.base import DataInfo, DatasetNotFound, InMemoryDataset
+from linvit.errors import DataError
 
 DEBIAN_ROOT = Path("/usr/share/datasets/fashion-mnist")
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -24,15 +25,18 @@ CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shi
 def read_idx(path: Path) -> np.ndarray:
     """Read an IDX file (the MNIST format): magic 0x0000 0x08 ndim, big-endian dims, uint8 data."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as e:             # a truncated or corrupted gzip stream
+        raise DataError(f"{path}: cannot be read ({e}); reinstall the dataset") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
-        raise ValueError(f"{path}: not an unsigned-byte IDX file")
+        raise DataError(f"{path}: not an unsigned-byte IDX file")
     ndim = data[3]
     dims = np.frombuffer(data, dtype=">u4", count=ndim, offset=4).astype(int)
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(dims)):
-        raise ValueError(f"{path}: {body.size} bytes of data for dims {tuple(dims)}")
+        raise DataError(f"{path}: {body.size} bytes of data for dims {tuple(dims)}")
     return body.reshape(dims)
 
 
@@ -65,6 +69,6 @@ class FashionMNIST(InMemoryDataset):
         images = read_idx(images_file)
         labels = read_idx(labels_file)
         if images.ndim != 3 or len(images) != len(labels):
-            raise ValueError(f"{images_file}: {images.shape} images for {len(labels)} labels")
+            raise DataError(f"{images_file}: {images.shape} images for {len(labels)} labels")
         return (torch.from_numpy(images.copy()).unsqueeze(1),
                 torch.from_numpy(labels.astype(np.int64)))

@@ -11,6 +11,7 @@ from linvit.data.base import DataInfo, DatasetNotFound
 from linvit.data.loaders import TorchLoader
 
 SPLIT_DIRS = {"train": "train", "test": "val"}
+DEFAULT_IMG_SIZE = 224
 
 
 class ImageFolderDataset:
@@ -24,6 +25,9 @@ class ImageFolderDataset:
             raise DatasetNotFound(f"imagefolder split {split!r} not found at {d}. {self.install_hint}")
         return d
 
+    def image_size(self, img_size: int | None = None) -> int:
+        return img_size or DEFAULT_IMG_SIZE
+
     def normalisation(self) -> tuple[tuple, tuple]:
         from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
@@ -33,7 +37,7 @@ class ImageFolderDataset:
         from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
         classes = sorted(p.name for p in self._split_dir(root, "train").iterdir() if p.is_dir())
-        return DataInfo(len(classes), 3, img_size or 224, tuple(IMAGENET_DEFAULT_MEAN),
+        return DataInfo(len(classes), 3, self.image_size(img_size), tuple(IMAGENET_DEFAULT_MEAN),
                         tuple(IMAGENET_DEFAULT_STD), tuple(classes))
 
     def loader(self, root, split, *, batch_size, train, subset=None, seed=0, rank=0, world=1,

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from linvit.io import write_json
+from linvit.errors import DataError
+from linvit.io import read_json, write_json
 
 STUFF = ("stripes", "checker", "speckle")
 THINGS = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
@@ -175,13 +176,15 @@ def verify_scenes(root: str | Path) -> dict:
     root = Path(root)
     manifest_path = root / "MANIFEST.json"
     if not manifest_path.is_file():
-        raise FileNotFoundError(f"{root}: no MANIFEST.json; generate scenes with "
-                                "`linvit make-scenes`")
-    manifest = json.loads(manifest_path.read_text())
-    actual = split_digest(root, "val")
-    if actual != manifest["val_sha256"]:
-        raise ValueError(f"{root}: validation scenes changed (sha256 {actual[:12]} != "
-                         f"{manifest['val_sha256'][:12]}); regenerate them")
+        raise DataError(f"{root}: no MANIFEST.json; generate scenes with `linvit make-scenes`")
+    try:
+        manifest = read_json(manifest_path)
+        actual = split_digest(root, "val")
+    except (OSError, ValueError, KeyError) as e:
+        raise DataError(f"{root}: not a complete scenes folder ({e}); regenerate it") from None
+    if actual != manifest.get("val_sha256"):
+        raise DataError(f"{root}: validation scenes changed (sha256 {actual[:12]} != "
+                         f"{str(manifest.get('val_sha256'))[:12]}); regenerate them")
     return manifest
 
 
@@ -194,7 +197,7 @@ def run_make_scenes(cfg, out, replace: bool = False) -> dict:
 
     run = RunDir(out, "make-scenes", to_dict(cfg), replace=replace)
     run.check()
-    if run.complete():
+    if run.finished:
         return completed_metrics(run)
     ds = get_dataset("fashion_mnist")
     sprites = {s: tuple(t.numpy() for t in ds.arrays(cfg.sprites_root, s))

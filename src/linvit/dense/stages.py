@@ -25,23 +25,28 @@ METRIC_NAMES = {"mIoU": "mIoU", "aAcc": "aAcc", "mAcc": "mAcc",
 def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
     from linvit.data import get_dataset
     from linvit.dense.scenes import verify_scenes
-    from linvit.models import SIZES, read_spec
+    from linvit.models import SIZES, read_spec, read_state_dict
 
-    rt = setup_runtime(cfg.run)
-    seed_everything(cfg.run.seed)
+    if cfg.data.kind != "scenes" and (cfg.data.kind == "coco") != (task == "detect"):
+        raise ConfigError(f"data.kind: {cfg.data.kind!r} does not fit {task}")
     run = RunDir(out, task, to_dict(cfg), replace=replace)
     run.check()
-    if run.complete():
+    if run.finished:
         return completed_metrics(run)
+    rt = setup_runtime(cfg.run)
+    seed_everything(cfg.run.seed)
     if cfg.data.kind == "scenes":
         verify_scenes(cfg.data.root)
-    elif (cfg.data.kind == "coco") != (task == "detect"):
-        raise ConfigError(f"data.kind: {cfg.data.kind!r} does not fit {task}")
     spec = read_spec(cfg.checkpoint)
+    read_state_dict(cfg.checkpoint)                             # its checksum, before any write
+    if cfg.data.img_size % SIZES[spec.size].patch_size:
+        raise ConfigError(f"data.img_size: {cfg.data.img_size} is not a multiple of the "
+                          f"backbone's patch size {SIZES[spec.size].patch_size}")
     mean, std = get_dataset(cfg.pretrain_dataset).normalisation()
     mean = [255 * m for m in mean] * (3 // len(mean))         # grey statistics on every channel
     std = [255 * s for s in std] * (3 // len(std))
-    run.open(rt.is_main, f"{task} with a {spec.operator} {spec.size} backbone from {cfg.checkpoint}")
+    run.is_main = rt.is_main
+    run.open(f"{task} with a {spec.operator} {spec.size} backbone from {cfg.checkpoint}")
     config = build_config(task, cfg, SIZES[spec.size].width, mean, std, str(run.path / "work"))
     metrics, train_s, eval_s = train_and_validate(config)
     result = {METRIC_NAMES[k]: v for k, v in metrics.items() if k in METRIC_NAMES}

@@ -2,9 +2,14 @@
 
 Nothing here unpickles arbitrary objects: safetensors holds only tensors, and foreign .pth/.bin
 files are read with torch.load(weights_only=True).
+
+Every file linvit writes carries a SHA-256 of its tensors (names, dtypes, shapes, bytes) in its
+metadata, checked on every read: a truncated, zeroed or otherwise changed tensor is refused, never
+trained on or reported. Foreign safetensors files (no linvit metadata) load unchecked.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -13,17 +18,57 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
 
+from linvit.errors import CheckpointError
 from linvit.io import write_atomic
 from linvit.models.vit import ModelSpec, create_vit, set_token_layout
 
 SPEC_KEY = "linvit_spec"
+DIGEST_KEY = "linvit_tensors_sha256"
+FORMAT_KEY = "format"                 # training checkpoints (linvit.train.state) set it
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 # Wrappers that training scripts (DeiT, MAE, timm's train.py, Lightning) put around a state dict.
 WRAPPER_KEYS = ("model", "state_dict", "model_ema", "state_dict_ema", "module")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint file that cannot be used as asked; the message names what is wrong."""
+
+def tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
+    """Atomically write tensors with their digest; metadata values must be strings."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    meta = {**metadata, DIGEST_KEY: tensor_digest(tensors)}
+    write_atomic(path, lambda p: save_file(tensors, str(p), metadata=meta))
+
+
+def load_tensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and raw metadata of a safetensors file, its digest verified when it has one
+    (every file linvit writes does: a linvit file without one is refused)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file, possibly truncated "
+                              f"({e}); regenerate it") from None
+    expected = meta.get(DIGEST_KEY)
+    if expected is None and (SPEC_KEY in meta or FORMAT_KEY in meta):
+        raise CheckpointError(f"{path}: a linvit file without a tensor checksum (written by an "
+                              "older linvit, or edited); regenerate it")
+    if expected is not None and tensor_digest(tensors) != expected:
+        raise CheckpointError(f"{path}: its tensors do not match the checksum written with them "
+                              "(the file is corrupted or was changed); regenerate it")
+    return tensors, meta
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -31,10 +76,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     if path.suffix == ".safetensors":
-        try:
-            return load_file(str(path))
-        except (SafetensorError, OSError) as e:
-            raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+        return load_tensors(path)[0]
     if path.suffix not in TORCH_SUFFIXES:
         raise CheckpointError(f"{path}: unknown checkpoint format {path.suffix!r}; expected "
                               f".safetensors or one of {', '.join(TORCH_SUFFIXES)}")
@@ -85,28 +127,34 @@ def save_model(model: nn.Module, path: str | Path, metadata: dict | None = None)
     spec: ModelSpec = model.linvit_spec
     meta = {SPEC_KEY: json.dumps(spec.as_dict(), sort_keys=True)}
     meta.update({k: json.dumps(v, sort_keys=True) for k, v in (metadata or {}).items()})
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    write_atomic(path, lambda p: save_file(tensors, str(p), metadata=meta))
+    save_tensors(path, model.state_dict(), meta)
 
 
 def read_metadata(path: str | Path) -> dict:
+    """The metadata of a safetensors file (values as strings; no tensor is read)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
         with safe_open(str(path), framework="pt") as f:
-            raw = f.metadata() or {}
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
-    return {k: json.loads(v) for k, v in raw.items()}
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file, possibly truncated "
+                              f"({e}); regenerate it") from None
 
 
 def read_spec(path: str | Path) -> ModelSpec:
-    meta = read_metadata(path)
-    if SPEC_KEY not in meta:
+    """The ModelSpec a linvit model file carries, checked field by field (no tensor is read)."""
+    raw = read_metadata(path).get(SPEC_KEY)
+    if raw is None:
         raise CheckpointError(f"{path}: no linvit model spec in its metadata; import foreign "
                               "weights with `linvit import-teacher` first")
-    return ModelSpec.from_dict(meta[SPEC_KEY])
+    try:
+        spec = ModelSpec.from_dict(json.loads(raw))
+        spec.check()
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{path}: its linvit model spec is not valid ({e})") from None
+    return spec
 
 
 def load_model(path: str | Path) -> nn.Module:
@@ -153,10 +201,15 @@ def _timm_pretrained(spec: ModelSpec, overlay: dict | None = None) -> nn.Module:
     size = get_size(spec.size)
     if size.timm_name is None:
         raise CheckpointError(f"size {spec.size!r} has no timm pretrained weights; pass a file")
-    model = timm.create_model(size.timm_name, pretrained=True, num_classes=spec.num_classes,
-                              img_size=spec.img_size, in_chans=spec.in_chans,
-                              attn_layer=operator_class("softmax"),
-                              pretrained_cfg_overlay=overlay)
+    try:
+        model = timm.create_model(size.timm_name, pretrained=True, num_classes=spec.num_classes,
+                                  img_size=spec.img_size, in_chans=spec.in_chans,
+                                  attn_layer=operator_class("softmax"),
+                                  pretrained_cfg_overlay=overlay)
+    except (OSError, RuntimeError, ValueError) as e:   # no network, no cache, a bad file
+        raise CheckpointError(f"timm could not load pretrained weights for {size.timm_name} "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}); "
+                              "offline, pass file=<a local checkpoint> instead") from None
     set_token_layout(model)
     model.linvit_spec = spec
     return model

@@ -5,11 +5,12 @@ inside every checkpoint's metadata so a checkpoint file alone rebuilds its model
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from timm.models.vision_transformer import VisionTransformer
 
-from linvit.attention import AttentionOperator, operator_class
+from linvit.attention import AttentionOperator, check_options, operator_class
 from linvit.models.sizes import get_size
 
 
@@ -34,12 +35,30 @@ class ModelSpec:
             raise ValueError(f"model spec has unknown fields {unknown}")
         return cls(**d)
 
+    def check(self) -> None:
+        """ValueError naming the field when no model can be built from this spec."""
+        size = get_size(self.size)
+        check_options(self.operator, dict(self.operator_options))
+        for name in ("num_classes", "img_size", "in_chans"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        if self.img_size % size.patch_size:
+            raise ValueError(f"image size {self.img_size} is not a multiple of {self.size}'s "
+                             f"patch size {size.patch_size}: the last "
+                             f"{self.img_size % size.patch_size} pixel rows and columns would "
+                             "be dropped")
+        if not (isinstance(self.drop_path, (int, float)) and math.isfinite(self.drop_path)
+                and 0 <= self.drop_path < 1):
+            raise ValueError(f"drop_path: must be in [0, 1), got {self.drop_path!r}")
+
     def with_operator(self, operator: str, operator_options: dict | None = None) -> "ModelSpec":
         return ModelSpec(**{**self.as_dict(), "operator": operator,
                             "operator_options": dict(operator_options or {})})
 
 
 def create_vit(spec: ModelSpec) -> VisionTransformer:
+    spec.check()
     size = get_size(spec.size)
     attn_cls = operator_class(spec.operator, **spec.operator_options)
     model = VisionTransformer(img_size=spec.img_size, in_chans=spec.in_chans,

@@ -1,14 +1,14 @@
 """Pieces every training stage shares: loaders from a DataCfg, starting a run, finishing one."""
 from __future__ import annotations
 
-import json
 import logging
 
 from torch import nn
 
 from linvit.config import to_dict
+from linvit.errors import ConfigError
 from linvit.data import get_dataset
-from linvit.io import write_json
+from linvit.io import read_json, write_json
 from linvit.models import save_model
 from linvit.train.loop import evaluate
 from linvit.train.rundir import RunDir
@@ -26,6 +26,10 @@ def make_loaders(data_cfg, rt: Runtime):
                       subset=data_cfg.train_subset, **common)
     test = ds.loader(data_cfg.root, "test", batch_size=data_cfg.eval_batch_size, train=False,
                      subset=data_cfg.test_subset, **common)
+    if len(train) == 0 or len(test) == 0:
+        raise ConfigError(f"data: {data_cfg.dataset} gives {len(train)} training batches of "
+                          f"{data_cfg.batch_size} and {len(test)} test batches; use a smaller "
+                          "batch size or more data")
     train.summary = test.summary = (f"data {data_cfg.dataset}: {train.num_samples} train / "
                                     f"{test.num_samples} test samples, {info.num_classes} classes")
     return info, train, test
@@ -33,15 +37,13 @@ def make_loaders(data_cfg, rt: Runtime):
 
 def start_run(cfg, out, stage: str, replace: bool = False) -> tuple[Runtime, RunDir]:
     """Runtime and run folder; the folder is checked here but written only by `run.open()`, once
-    the inputs (data, checkpoints) have been found, so bad input leaves nothing behind."""
+    the inputs (data, checkpoints) have been found, so bad input leaves nothing behind. Every
+    process checks the same folder and so reaches the same decision; only the main one writes."""
+    run = RunDir(out, stage, to_dict(cfg), replace=replace)
+    run.check()
     rt = setup_runtime(cfg.run)
     seed_everything(cfg.run.seed)
-    run = RunDir(out, stage, to_dict(cfg), replace=replace and rt.is_main)
-    if rt.is_main:                       # only the main process may replace a folder
-        run.check()
-    rt.barrier()
-    if not rt.is_main:
-        run.check()
+    run.is_main, run.barrier = rt.is_main, rt.barrier
     return rt, run
 
 
@@ -50,7 +52,7 @@ def evaluate_init(model: nn.Module, loader, rt: Runtime, run: RunDir, num_classe
     """Accuracy of the model as initialised, measured once per run (kept across resumes)."""
     path = run.path / "init_metrics.json"
     if path.is_file():                        # measured before an interrupt
-        return json.loads(path.read_text())
+        return read_json(path)
     if not enabled:
         return None
     result = evaluate(model, loader, rt, num_classes)
@@ -81,4 +83,4 @@ def finish_training(run: RunDir, rt: Runtime, model: nn.Module, history: list[di
 
 def completed_metrics(run: RunDir) -> dict:
     log.info("%s is complete already; nothing to do", run.path)
-    return json.loads(run.metrics.read_text())
+    return read_json(run.metrics)

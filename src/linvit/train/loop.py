@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from linvit.errors import RunFailed
 from linvit.train.runtime import Runtime
 
 
@@ -54,7 +55,7 @@ def train_one_epoch(module: nn.Module, loader, optimizer, scheduler, epoch: int,
     totals = rt.all_reduce_sum(torch.stack([sums[k] for k in names] + [count]))
     stats = {f"train_{k}": (totals[i] / totals[-1]).item() for i, k in enumerate(names)}
     if not all(map(_finite, stats.values())):
-        raise FloatingPointError(f"non-finite training loss in epoch {epoch + 1}: {stats}")
+        raise RunFailed(f"non-finite training loss in epoch {epoch + 1}: {stats}")
     stats.update(lr=optimizer.param_groups[0]["lr"], train_img_per_s=totals[-1].item() / elapsed,
                  train_time_s=elapsed)
     return stats

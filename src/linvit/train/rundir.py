@@ -1,29 +1,55 @@
-"""A run's output folder: resolved config, log, per-epoch JSONL, checkpoint, final metrics.
+"""A run's output folder: linvit's own, locked while a run writes it, complete only when verified.
 
-    config.yaml             the resolved config (written first; a rerun must match it)
+    .linvit-run             the marker: this folder is linvit's, and which files linvit writes here
+    .linvit-lock            locked (flock) by the process writing the folder
+    config.yaml             the resolved config (a rerun must match it)
     run.log                 the log of every attempt
-    train.jsonl             one JSON line per finished epoch (rewritten from the checkpoint)
-    checkpoint.safetensors  training state after the last finished epoch (removed when done)
-    model.safetensors       final weights with their ModelSpec
-    metrics.json            final metrics, written last: its presence means the run is complete
+    <the stage's files>     STAGE_FILES: train.jsonl, checkpoint.safetensors, model.safetensors, ...
+    metrics.json            written last, with a SHA-256 of every output file
+
+A folder without the marker is never written into unless it is empty, and `--rerun` (replace)
+removes only the files the marker names, never anything else in the folder. A run counts as
+complete only when metrics.json is valid JSON and every output it lists is present and unchanged.
 """
 from __future__ import annotations
 
-import json
+import fcntl
 import logging
+import os
 import platform
 import shutil
 import sys
 from pathlib import Path
 
-import yaml
+from linvit.errors import CheckpointError, RunDirError, RunFailed
+from linvit.io import (dumps, file_mode, load_yaml, read_json, remove_temporaries, sha256_file,
+                       write_json, write_text, write_yaml)
 
-from linvit.io import write_json, write_text, write_yaml
-
+MARKER = ".linvit-run"
+LOCK = ".linvit-lock"
+COMMON = ("config.yaml", "run.log", "metrics.json")
+# Per stage: (outputs that a complete run must hold, other files the run writes). Outputs that
+# are files are checksummed in metrics.json; folders must exist.
+STAGE_FILES = {
+    "pretrain": (("model.safetensors", "train.jsonl"), ("checkpoint.safetensors",)),
+    "distill": (("model.safetensors", "train.jsonl", "student_init.json", "trained.json"),
+                ("checkpoint.safetensors", "init_metrics.json")),
+    "finetune": (("model.safetensors", "train.jsonl", "copied.json"),
+                 ("checkpoint.safetensors", "init_metrics.json")),
+    "init": (("model.safetensors", "copied.json"), ("init_metrics.json",)),
+    "evaluate": ((), ()),
+    "import-teacher": (("model.safetensors",), ()),
+    "make-scenes": (("MANIFEST.json", "images", "annotations", "coco"), ()),
+    "segment": ((), ("work",)),
+    "detect": ((), ("work",)),
+    "bench": (("ops.csv", "ratios.md", "ops_scaling.png", "ops_scaling.pdf"),
+              ("models.csv", "models_throughput.png", "models_throughput.pdf")),
+}
 # Fields that do not change results, so a rerun may differ in them.
 VOLATILE = {("run", "progress"), ("run", "threads"), ("data", "workers")}
 
 log = logging.getLogger("linvit")
+_HELD: dict[str, int] = {}               # run folder -> lock file descriptor, in this process
 
 
 def _identity(config: dict) -> dict:
@@ -42,57 +68,218 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def check_output_path(out) -> Path:
+    """The output folder, or RunDirError when it can never be one (writes nothing)."""
+    if out is None or str(out).strip() == "":
+        raise RunDirError("output folder: empty path; name a folder for this run")
+    path = Path(out).expanduser()
+    resolved = path.resolve()
+    if resolved == Path.cwd().resolve() or resolved in Path.cwd().resolve().parents:
+        raise RunDirError(f"output folder {out!r} is the current directory or holds it; name a "
+                          "folder of its own for this run")
+    if resolved == Path.home().resolve() or resolved == Path(resolved.anchor):
+        raise RunDirError(f"output folder {out!r} is a home or root folder; name a folder of its "
+                          "own for this run")
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"output folder {out}: exists and is not a folder")
+    parent = next(p for p in [path, *path.parents] if p.exists() or p == Path(p.anchor))
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise RunDirError(f"output folder {out}: cannot be created in {parent} (not a writable "
+                          "folder)")
+    return path
+
+
+def owned_names(stage: str) -> list[str]:
+    outputs, others = STAGE_FILES[stage]
+    return [*COMMON, *outputs, *others]
+
+
+def verified_metrics(path: str | Path) -> dict | None:
+    """The metrics of a complete run in `path`, or None: complete means metrics.json is strict
+    JSON and every output it lists is present and has the checksum written with it."""
+    path = Path(path)
+    try:
+        metrics = read_json(path / "metrics.json")
+        files = metrics["outputs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for name, digest in files.items():
+        target = path / name
+        if digest is None:
+            if not target.exists():
+                return None
+        elif not target.is_file() or sha256_file(target) != digest:
+            return None
+    return metrics
+
+
 class RunDir:
-    def __init__(self, out: str | Path, stage: str, config: dict, replace: bool = False):
+    """Check (read-only) decides what to do; open() takes the lock and writes; finish() seals."""
+
+    def __init__(self, out, stage: str, config: dict, replace: bool = False,
+                 is_main: bool = True, barrier=lambda: None):
+        if stage not in STAGE_FILES:
+            raise ValueError(f"no declared files for stage {stage!r}")
         self.path = Path(out)
-        self.replace = replace
-        self.stage = stage
-        self.config = config
+        self.stage, self.config, self.replace, self.is_main = stage, config, replace, is_main
+        self.barrier = barrier                   # other processes wait while the main one writes
         self.checkpoint = self.path / "checkpoint.safetensors"
         self.model = self.path / "model.safetensors"
         self.metrics = self.path / "metrics.json"
         self.train_log = self.path / "train.jsonl"
         self.config_file = self.path / "config.yaml"
+        self.finished = False            # complete, verified, and not to be replaced
+        self._discard = False            # open() removes the previous run's files
+        self._previous_files: list[str] = []
 
     def complete(self) -> bool:
-        return self.metrics.is_file()
+        return verified_metrics(self.path) is not None
 
     def check(self) -> None:
-        """Refuse to mix two configs in one folder (writes nothing). With `replace` set (the
-        workflow decided this job must run), a finished run or one of another config is
-        deleted instead, and only an unfinished run of the same config is resumed."""
-        if not self.config_file.is_file():
+        """Decide, without writing, whether this run starts, resumes, replaces the previous
+        one (`replace`, for workflows) or is finished already; RunDirError when it may not."""
+        check_output_path(self.path)
+        self.finished = self._discard = False
+        if not self.path.is_dir() or not [p for p in self.path.iterdir() if p.name != LOCK]:
             return
-        old = yaml.safe_load(self.config_file.read_text()) or {}
-        changes = _diff(_identity(old.get("config", {})), _identity(self.config))
-        if self.replace and (changes or self.complete()):
-            log.info("replacing the previous run in %s", self.path)
-            shutil.rmtree(self.path)
-        elif changes:
-            raise ValueError(f"{self.path} holds a {old.get('stage')} run with another "
-                             f"config ({'; '.join(changes[:5])}); use another output folder "
-                             "or delete this one")
+        problem = self._previous_run_problem()
+        if problem is None:
+            self.finished = self.complete() and not self.replace
+            self._discard = self.replace and self.complete()
+        elif self.replace and not problem.startswith("!"):
+            self._discard = True
+        else:
+            raise RunDirError(problem.lstrip("!"))
 
-    def open(self, is_main: bool = True, *notes: str) -> None:
-        """Create the folder, write the resolved config, start logging to run.log."""
-        self.check()
-        if is_main:
-            self.path.mkdir(parents=True, exist_ok=True)
-            write_yaml(self.config_file, {"stage": self.stage, "config": self.config})
-            _log_to(self.path / "run.log")
-            log.info("%s run in %s", self.stage, self.path)
-            for note in notes:
-                log.info("%s", note)
+    def _previous_run_problem(self) -> str | None:
+        """Why the folder's previous run cannot simply be resumed or reused, or None. A reason
+        starting with '!' holds even with `replace`: the folder is not linvit's to clear."""
+        marker = self.path / MARKER
+        if not marker.is_file():
+            return (f"!{self.path} is not empty and was not made by linvit (no {MARKER}); "
+                    "linvit does not write into it: choose another output folder")
+        try:
+            owner = read_json(marker)
+            old = load_yaml(self.config_file.read_text()) if self.config_file.is_file() else {}
+            names, old_stage = list(owner["files"]), owner["stage"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return f"!{self.path}: its {MARKER} or config.yaml is unreadable ({e}); move it away"
+        self._previous_files = names
+        if old_stage != self.stage:
+            return (f"{self.path} holds a {old_stage} run, not a {self.stage} run; use another "
+                    "output folder, or --rerun to replace it")
+        changes = _diff(_identity((old or {}).get("config", {})), _identity(self.config))
+        if changes:
+            return (f"{self.path} holds a {old_stage} run with another config "
+                    f"({'; '.join(changes[:5])}); use another output folder, or --rerun to "
+                    "replace it")
+        if self.metrics.is_file() and not self.complete():
+            return (f"{self.path}: its finished run fails verification (an output is missing or "
+                    "changed, or metrics.json is not valid); --rerun redoes it")
+        return self._checkpoint_problem()
+
+    def _checkpoint_problem(self) -> str | None:
+        if not self.checkpoint.is_file():
+            return None
+        from linvit.train.state import read_state
+
+        try:
+            read_state(self.checkpoint)
+        except CheckpointError as e:
+            return (f"cannot resume: {e}. --rerun discards the checkpoint and starts over, or "
+                    "delete the folder")
+        return None
+
+    def open(self, *notes: str) -> None:
+        """Take the folder's lock, clear what `check` decided to replace, write the marker and
+        the resolved config, and log to run.log. Only the main process writes."""
+        if self.is_main:
+            self._open_main(notes)
+        self.barrier()
+
+    def _open_main(self, notes) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        self.check()                              # the folder may have changed before the lock
+        if self.finished:
+            raise RunDirError(f"{self.path}: another linvit process finished this run meanwhile")
+        if self._discard:
+            self._remove_previous()
+        for tmp in remove_temporaries(self.path):
+            log.info("removed %s, left by an interrupted write", tmp)
+        write_json(self.path / MARKER, {"linvit": "run folder", "stage": self.stage,
+                                        "files": owned_names(self.stage)})
+        write_yaml(self.config_file, {"stage": self.stage, "config": self.config})
+        _log_to(self.path / "run.log")
+        log.info("%s run in %s", self.stage, self.path)
+        for note in notes:
+            log.info("%s", note)
+
+    def _take_lock(self) -> None:
+        """flock the folder's lock file until this run finishes or the process ends (the kernel
+        drops it then, also after kill -9). A run of this process holding it (an earlier,
+        interrupted stage call) hands it on."""
+        key = str(self.path.resolve())
+        if key in _HELD:
+            return
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, file_mode())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunDirError(f"{self.path}: another linvit process is writing this folder; wait "
+                              "for it or choose another output folder") from None
+        _HELD[key] = fd
+
+    def release(self) -> None:
+        fd = _HELD.pop(str(self.path.resolve()), None)
+        if fd is not None:
+            os.close(fd)
+
+    def _remove_previous(self) -> None:
+        log.info("replacing the previous run in %s", self.path)
+        for name in [*self._previous_files, MARKER]:
+            target = self.path / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
 
     def write_history(self, history: list[dict]) -> None:
-        write_text(self.train_log, "".join(json.dumps(r, sort_keys=True) + "\n" for r in history))
+        write_text(self.train_log, "".join(dumps(r) + "\n" for r in history))
 
     def finish(self, metrics: dict) -> dict:
-        metrics = {**metrics, "stage": self.stage, "env": environment()}
+        """Write metrics.json with the outputs' checksums; RunFailed (and no metrics.json) when a
+        metric is not finite or a declared output is missing. Only the main process writes."""
+        if not self.is_main:
+            return metrics
+        try:
+            dumps(metrics)
+        except ValueError:
+            raise RunFailed(f"non-finite metrics, not recorded as a result: "
+                            f"{_non_finite(metrics)}") from None
+        outputs = {}
+        for name in STAGE_FILES[self.stage][0]:
+            target = self.path / name
+            if not target.exists():
+                raise RunFailed(f"{target}: a declared output is missing")
+            outputs[name] = sha256_file(target) if target.is_file() else None
+        metrics = {**metrics, "stage": self.stage, "env": environment(), "outputs": outputs}
         write_json(self.metrics, metrics)
         self.checkpoint.unlink(missing_ok=True)
         log.info("finished: %s", self.metrics)
+        self.release()
         return metrics
+
+
+def _non_finite(tree, prefix: str = "") -> list[str]:
+    if isinstance(tree, dict):
+        return [p for k, v in tree.items() for p in _non_finite(v, f"{prefix}{k}.")]
+    if isinstance(tree, (list, tuple)):
+        return [p for i, v in enumerate(tree) for p in _non_finite(v, f"{prefix}{i}.")]
+    if isinstance(tree, float) and not (tree == tree and abs(tree) != float("inf")):
+        return [f"{prefix.rstrip('.')}={tree}"]
+    return []
 
 
 def environment() -> dict:

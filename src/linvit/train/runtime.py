@@ -14,6 +14,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from linvit.errors import ConfigError
+
 
 @dataclass
 class Runtime:
@@ -54,7 +56,7 @@ def setup_runtime(run_cfg) -> Runtime:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     want = run_cfg.device
     if want == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("run.device=cuda but torch sees no CUDA device")
+        raise ConfigError("run.device: cuda, but torch sees no CUDA device (use auto or cpu)")
     use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from linvit.config import ConfigError, EvaluateConfig, ImportConfig, PretrainConfig
+from linvit.config import ConfigError, EvaluateConfig, ImportConfig, PretrainConfig, to_dict
 from linvit.models import ModelSpec, create_vit, load_model, save_model
 from linvit.train.common import completed_metrics, finish_training, make_loaders, start_run
 from linvit.train.loop import evaluate
@@ -20,13 +20,13 @@ log = logging.getLogger("linvit")
 
 def run_pretrain(cfg: PretrainConfig, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "pretrain", replace)
-    if run.complete():
+    if run.finished:
         return completed_metrics(run)
     info, train_loader, test_loader = make_loaders(cfg.data, rt)
-    run.open(rt.is_main, train_loader.summary)
     spec = ModelSpec(cfg.model.size, cfg.model.operator, info.num_classes, info.img_size,
                      info.in_chans, dict(cfg.model.operator_options), cfg.model.drop_path)
     model = create_vit(spec).to(rt.device)
+    run.open(train_loader.summary)
     objective = ClassificationObjective(model, cfg.optim.label_smoothing)
     history = fit(objective, model, train_loader, cfg.optim, run, rt,
                   evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
@@ -36,13 +36,16 @@ def run_pretrain(cfg: PretrainConfig, out, replace: bool = False) -> dict:
 
 def run_evaluate(cfg: EvaluateConfig, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "evaluate", replace)
+    if run.finished:
+        return completed_metrics(run)
     info, _, test_loader = make_loaders(cfg.data, rt)
     model = load_model(cfg.checkpoint).to(rt.device)
     spec: ModelSpec = model.linvit_spec
-    if spec.num_classes != info.num_classes:
-        raise ConfigError(f"checkpoint has {spec.num_classes} classes, dataset "
-                          f"{cfg.data.dataset!r} has {info.num_classes}")
-    run.open(rt.is_main, test_loader.summary)
+    if (spec.num_classes, spec.img_size) != (info.num_classes, info.img_size):
+        raise ConfigError(f"checkpoint: its model takes {spec.img_size} px images of "
+                          f"{spec.num_classes} classes, dataset {cfg.data.dataset!r} has "
+                          f"{info.img_size} px images of {info.num_classes} classes")
+    run.open(test_loader.summary)
     metrics = evaluate(model, test_loader, rt, info.num_classes)
     return run.finish({**metrics, "checkpoint": cfg.checkpoint, "spec": spec.as_dict()})
 
@@ -52,11 +55,12 @@ def run_import(cfg: ImportConfig, out, replace: bool = False) -> dict:
     from linvit.data import get_dataset
     from linvit.models.checkpoint import import_timm_weights
 
+    run = RunDir(out, "import-teacher", to_dict(cfg), replace=replace)
+    run.check()
+    if run.finished:
+        return completed_metrics(run)
     info = get_dataset(cfg.data.dataset).info(cfg.data.root, cfg.data.img_size)
     spec = ModelSpec(cfg.size, "softmax", info.num_classes, info.img_size, info.in_chans)
-    run = RunDir(out, "import-teacher", {"size": cfg.size, "file": cfg.file,
-                                          "reset_head": cfg.reset_head}, replace=replace)
-    run.check()
     model, report = import_timm_weights(spec, cfg.file, cfg.reset_head)
     run.open()
     save_model(model, run.model)

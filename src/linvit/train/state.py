@@ -3,6 +3,7 @@
 Tensors go in as tensors (model.*, optim.<param>.<key>); everything else (param groups, scheduler
 state, the per-epoch history) goes in the metadata as JSON, so loading never unpickles anything.
 Random state needs no saving: every epoch reseeds from (seed, epoch, rank), see runtime.epoch_seed.
+The file carries a checksum of its tensors (linvit.models.checkpoint), verified before a resume.
 """
 from __future__ import annotations
 
@@ -10,13 +11,12 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
 
-from linvit.io import write_atomic
-from linvit.models.checkpoint import CheckpointError, load_strict
+from linvit.errors import CheckpointError
+from linvit.models.checkpoint import load_strict, load_tensors, save_tensors
 
-FORMAT = "linvit-train-state-1"
+FORMAT = "linvit-train-state-2"       # 2: with a tensor checksum
 
 
 def save_state(path: str | Path, model: nn.Module, optimizer, scheduler, epoch: int,
@@ -40,20 +40,25 @@ def save_state(path: str | Path, model: nn.Module, optimizer, scheduler, epoch: 
         "info": json.dumps(info, sort_keys=True),
         "rng": "reseeded each epoch from (seed, epoch, rank)",
     }
-    write_atomic(path, lambda p: save_file(tensors, str(p), metadata=meta))
+    save_tensors(path, tensors, meta)
+
+
+def read_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A training checkpoint's tensors and metadata, its checksum verified."""
+    tensors, meta = load_tensors(path)
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a linvit training checkpoint of this version "
+                              f"(format {meta.get('format')!r}, expected {FORMAT!r})")
+    return tensors, meta
 
 
 def load_state(path: str | Path, model: nn.Module, optimizer, scheduler,
                expect_info: dict) -> tuple[int, list[dict]]:
     """Restore in place; returns (epochs done, history). Fails if the run's identity differs."""
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a linvit training checkpoint")
+    tensors, meta = read_state(path)
     info = json.loads(meta["info"])
     if info != json.loads(json.dumps(expect_info, sort_keys=True)):
         raise CheckpointError(f"{path}: belongs to another run ({info}); remove it to restart")
-    tensors = load_file(str(path))
     load_strict(model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, str(path))
     state: dict = {}
     for name, value in tensors.items():

@@ -4,6 +4,7 @@ resume from the last checkpoint, evaluation on schedule. Used by pretrain, disti
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable
 
 import torch
@@ -12,6 +13,7 @@ from timm.scheduler import create_scheduler_v2
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from linvit.errors import RunFailed
 from linvit.train.loop import train_one_epoch
 from linvit.train.rundir import RunDir
 from linvit.train.runtime import Runtime, epoch_seed
@@ -61,6 +63,10 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
         last = epoch + 1 == optim_cfg.epochs
         if last or (eval_every and (epoch + 1) % eval_every == 0):
             evaluation = evaluate_fn()
+            bad = {k: v for k, v in evaluation.items()
+                   if isinstance(v, float) and not math.isfinite(v)}
+            if bad:
+                raise RunFailed(f"non-finite evaluation after epoch {epoch + 1}: {bad}")
             if not last:                      # keep per-epoch lines short
                 evaluation.pop("per_class_acc", None)
             stats.update({f"test_{k}": v for k, v in evaluation.items()})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from linvit.errors import ConfigError
 from linvit.transfer.groups import group_of
 from linvit.transfer.losses import get_loss
 
@@ -29,7 +30,7 @@ class DistillObjective(nn.Module):
         self.layers = list(range(depth)) if layers is None else list(layers)
         bad = [l for l in self.layers if not 0 <= l < depth]
         if bad:
-            raise ValueError(f"distill.layers: {bad} outside 0..{depth - 1}")
+            raise ConfigError(f"distill.layers: {bad} outside 0..{depth - 1}")
         self.losses = [(get_loss(name), w) for name, w in weights.items() if w]
         self.targets = {loss.target for loss, _ in self.losses}
         self.temperature = temperature
@@ -132,7 +133,7 @@ def freeze_except(model: nn.Module, groups) -> list[str]:
         if p.requires_grad:
             trainable.append(name)
     if not trainable:
-        raise ValueError(f"no parameter of the student belongs to groups {sorted(groups)}")
+        raise ConfigError(f"distill.train: no parameter of the student belongs to groups {sorted(groups)}")
     return trainable
 
 

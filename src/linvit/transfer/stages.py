@@ -49,6 +49,14 @@ def check_distilled(path: str, spec: ModelSpec) -> None:
                           f"the student is {ours}")
 
 
+def check_kd_teacher(teacher_classes: int | None, info, what: str) -> None:
+    """Logit KD compares the student's logits with the teacher's: the class counts must agree."""
+    if teacher_classes is not None and teacher_classes != info.num_classes:
+        raise ConfigError(f"{what}: the teacher has {teacher_classes} classes, the dataset "
+                          f"{info.num_classes}; logit KD needs the same classes (set the weight "
+                          "to 0, or use a teacher trained on this dataset)")
+
+
 def distill_student_strategy(attn_init: str) -> InitStrategy:
     """The teacher with its attention swapped: copy every group, attention only if asked."""
     copied = set(GROUPS) if attn_init == "teacher" else set(GROUPS) - {"attn"}
@@ -57,25 +65,27 @@ def distill_student_strategy(attn_init: str) -> InitStrategy:
 
 def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "distill", replace)
-    if run.complete():
+    if run.finished:
         return completed_metrics(run)
     info, train_loader, test_loader = make_loaders(cfg.data, rt)
     teacher = load_model(cfg.teacher)
+    if cfg.distill.losses.get("logit_kd"):
+        check_kd_teacher(teacher.linvit_spec.num_classes, info, "distill.losses.logit_kd")
     spec = student_spec(cfg, teacher.linvit_spec, info)
     torch.manual_seed(cfg.run.seed)
     student = create_vit(spec)
     record = apply_init(student, distill_student_strategy(cfg.distill.attn_init),
                         read_state_dict(cfg.teacher))
-    run.open(rt.is_main, train_loader.summary)
     trainable = freeze_except(student, cfg.distill.train)
+    objective = DistillObjective(student, teacher, cfg.distill.losses, cfg.distill.layers,
+                                 cfg.distill.temperature)
+    run.open(train_loader.summary)
     if rt.is_main:
         write_json(run.path / "student_init.json", record)
     log.info("distilling %d tensors of groups %s with %s", len(trainable), cfg.distill.train,
              cfg.distill.losses)
     teacher.to(rt.device)
     student.to(rt.device)
-    objective = DistillObjective(student, teacher, cfg.distill.losses, cfg.distill.layers,
-                                 cfg.distill.temperature)
     census = GradCensus(student)
 
     def evaluate_student() -> dict:
@@ -112,11 +122,14 @@ def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:
 
 def run_init(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "init", replace)
+    if run.finished:
+        return completed_metrics(run)
     info, _, test_loader = make_loaders(cfg.data, rt)
     model, record = build_student(cfg, info)
-    run.open(rt.is_main, test_loader.summary)
-    write_json(run.path / "copied.json", record)
-    save_model(model, run.model)
+    run.open(test_loader.summary)
+    if rt.is_main:
+        write_json(run.path / "copied.json", record)
+        save_model(model, run.model)
     init_eval = evaluate_init(model.to(rt.device), test_loader, rt, run, info.num_classes,
                               cfg.run.eval_every > 0)
     return run.finish({"strategy": record["strategy"], "copied": record["summary"],
@@ -125,15 +138,18 @@ def run_init(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
 
 def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "finetune", replace)
-    if run.complete():
+    if run.finished:
         return completed_metrics(run)
     info, train_loader, test_loader = make_loaders(cfg.data, rt)
     model, record = build_student(cfg, info)
-    run.open(rt.is_main, train_loader.summary)
+    teacher = load_model(cfg.teacher) if cfg.kd.weight else None
+    if teacher is not None:
+        check_kd_teacher(teacher.linvit_spec.num_classes, info, "kd.weight")
+    run.open(train_loader.summary)
     if rt.is_main:
         write_json(run.path / "copied.json", record)
     model.to(rt.device)
-    teacher = load_model(cfg.teacher).to(rt.device) if cfg.kd.weight else None
+    teacher = teacher.to(rt.device) if teacher is not None else None
     objective = ClassificationObjective(model, cfg.optim.label_smoothing, teacher,
                                         cfg.kd.weight, cfg.kd.temperature)
     init_eval = evaluate_init(model, test_loader, rt, run, info.num_classes,
