@@ -89,11 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_command(args)
     except LinvitError as e:
-        print(f"linvit {args.command}: error: {e}", file=sys.stderr)
+        print(f"linvit {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except RunFailed as e:
-        print(f"linvit {args.command}: failed: {e}", file=sys.stderr)
+        print(f"linvit {args.command}: failed: {_one_line(e)}", file=sys.stderr)
         return 1
+
+
+def _one_line(error: Exception) -> str:
+    return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
 def run_command(args) -> int:

@@ -302,8 +302,11 @@ class ImportConfig:
     data: DataCfg = field(default_factory=lambda: DataCfg(dataset="imagefolder"))
 
     def validate(self, p: str) -> None:
+        from linvit.models import ModelSpec
+
         _one_of("size", self.size, SIZES)
         _existing_file("file", self.file)
+        _check_spec("size", ModelSpec(self.size, "softmax", 1, _image_size("data", self.data), 1))
 
 
 @dataclass
@@ -510,7 +513,8 @@ def build(cls, data: dict, path: str = "") -> Any:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(f"{path}{unknown[0]}: unknown field; allowed: {', '.join(fields)}")
-    kwargs = {name: _coerce(hints[name], data[name], f"{path}{name}")
+    kwargs = {name: _coerce(hints[name], _with_defaults(fields[name], data[name]),
+                            f"{path}{name}")
               for name in fields if name in data}
     obj = cls(**kwargs)
     for name in fields:                       # validate children first, then the whole
@@ -520,6 +524,16 @@ def build(cls, data: dict, path: str = "") -> Any:
     if hasattr(obj, "validate") and not path:
         obj.validate("")
     return obj
+
+
+def _with_defaults(f: dataclasses.Field, value):
+    """A partial mapping for a nested config completes the field's own default (DistillConfig's
+    optim has epochs=1), not the nested class's defaults (OptimCfg's epochs=10)."""
+    if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+        if dataclasses.is_dataclass(default):
+            return deep_merge(dataclasses.asdict(default), value)
+    return value
 
 
 def _coerce(tp, value, path: str):

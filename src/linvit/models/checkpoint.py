@@ -84,8 +84,17 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises UnpicklingError and friends
         raise CheckpointError(f"{path}: cannot be read with weights_only=True (it may hold "
-                              f"pickled code, which linvit refuses to run): {e}") from None
+                              f"pickled code, which linvit refuses to run): "
+                              f"{_unpickler_reason(e)}") from None
     return _unwrap(obj, path)
+
+
+def _unpickler_reason(error: Exception) -> str:
+    """The line of torch's long weights-only message that names what was refused."""
+    text = str(error)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
+    return " ".join(text.split())[:300] or type(error).__name__
 
 
 def _unwrap(obj, path: Path) -> dict[str, torch.Tensor]:

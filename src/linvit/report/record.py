@@ -6,32 +6,35 @@ tables instead of stopping everything downstream. Records hold no tensors and re
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import yaml
 
-from linvit.io import write_json
+from linvit.io import loads, read_json, write_json
+from linvit.train.rundir import verified_metrics
 
 LOG_TAIL_LINES = 30
 
 
 def make_record(kind: str, key: dict, run_dir: str | Path, exit_status: int,
                 log: str | Path | None = None) -> dict:
+    """"ok" only for a run that exited 0 and whose outputs verify (linvit.train.rundir)."""
     run_dir = Path(run_dir)
-    metrics = run_dir / "metrics.json"
     record = {"kind": kind, "key": key, "run_dir": str(run_dir), "exit_status": exit_status}
-    if exit_status == 0 and metrics.is_file():
+    metrics = verified_metrics(run_dir) if exit_status == 0 else None
+    if metrics is not None:
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
-        record.update(status="ok", metrics=json.loads(metrics.read_text()),
-                      config=config.get("config", {}))
-    else:
-        tail = []
-        if log is not None and Path(log).is_file():
-            tail = Path(log).read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
-        reason = next((line for line in reversed(tail) if "error" in line.lower()),
-                      tail[-1] if tail else f"exit status {exit_status}, no log")
-        record.update(status="failed", error=reason.strip(), log_tail=tail)
+        record.update(status="ok", metrics=metrics, config=config.get("config", {}))
+        return record
+    tail = []
+    if log is not None and Path(log).is_file():
+        tail = Path(log).read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    reason = next((line for line in reversed(tail) if "error" in line.lower()
+                   or "failed" in line.lower()),
+                  tail[-1] if tail else f"exit status {exit_status}, no log")
+    if exit_status == 0:
+        reason = f"exit status 0 but the run's outputs do not verify ({run_dir}); {reason}"
+    record.update(status="failed", error=reason.strip(), log_tail=tail)
     return record
 
 
@@ -42,9 +45,9 @@ def write_record(out: str | Path, **kwargs) -> dict:
 
 
 def read_records(paths) -> list[dict]:
-    return [json.loads(Path(p).read_text()) for p in paths]
+    return [read_json(p) for p in paths]
 
 
 def run_step(a) -> None:
-    write_record(a.out, kind=a.kind, key=json.loads(a.key), run_dir=a.run_dir,
+    write_record(a.out, kind=a.kind, key=loads(a.key), run_dir=a.run_dir,
                  exit_status=a.status, log=a.log)

@@ -168,7 +168,8 @@ class RunDir:
         if old_stage != self.stage:
             return (f"{self.path} holds a {old_stage} run, not a {self.stage} run; use another "
                     "output folder, or --rerun to replace it")
-        changes = _diff(_identity((old or {}).get("config", {})), _identity(self.config))
+        # no config.yaml: the previous attempt stopped before writing one, so nothing ran
+        changes = _diff(_identity(old.get("config", {})), _identity(self.config)) if old else []
         if changes:
             return (f"{self.path} holds a {old_stage} run with another config "
                     f"({'; '.join(changes[:5])}); use another output folder, or --rerun to "

@@ -1,0 +1,218 @@
+"""Run folders: nothing of the user's is deleted, a result is complete only when verified, a
+damaged checkpoint is refused (and --rerun recovers), one writer per folder."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, safe_open, save_file
+
+from linvit import cli
+from linvit.io import file_mode, read_json
+from linvit.models import ModelSpec, create_vit, save_model
+from linvit.report.record import make_record
+from linvit.train import rundir
+from linvit.train.rundir import LOCK, MARKER, verified_metrics
+
+
+@pytest.fixture(scope="module")
+def teacher_file(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("teacher") / "model.safetensors"
+    save_model(create_vit(ModelSpec("cpu96", "softmax", 10, 28, 1)), path)
+    return path
+
+
+def snapshot(root: Path) -> dict:
+    """Every file and folder under root with its bytes' hash and modification time."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        data = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        out[str(p.relative_to(root))] = (data, p.stat().st_mtime_ns)
+    return out
+
+
+def one_error_line(capsys, command: str) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"linvit {command}: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def evaluate(out, teacher, mnist_root, *extra) -> int:
+    return cli.main(["evaluate", "-o", str(out), f"checkpoint={teacher}", f"data.root={mnist_root}",
+                     "run.progress=false", *extra])
+
+
+@pytest.mark.parametrize("rerun", [[], ["--rerun"]], ids=["plain", "rerun"])
+@pytest.mark.parametrize("target, message", [
+    ("", "empty path"), (".", "current directory"), ("..", "current directory"),
+    ("afile", "not a folder"), ("afile/sub", "not a writable folder"),
+    ("foreign", "was not made by linvit"), ("work/keep", "was not made by linvit"),
+])
+def test_an_output_folder_linvit_did_not_make_is_refused_untouched(
+        target, message, rerun, tmp_path, monkeypatch, capsys, teacher_file, mnist_root):
+    work = tmp_path / "work"
+    (work / "keep").mkdir(parents=True)
+    (work / "keep" / "notes.txt").write_text("the user's")
+    (work / "sentinel").write_text("the user's")
+    (tmp_path / "afile").write_text("the user's")
+    (tmp_path / "foreign").mkdir()                 # looks like an old run, but not linvit's
+    (tmp_path / "foreign" / "config.yaml").write_text("stage: evaluate\n")
+    monkeypatch.chdir(work)
+    out = target if target in ("", ".", "..") else str(tmp_path / target)
+    before = snapshot(tmp_path)
+    assert evaluate(out, teacher_file, mnist_root, *rerun) == 2
+    assert message in one_error_line(capsys, "evaluate")
+    assert snapshot(tmp_path) == before
+
+
+def test_rerun_replaces_only_what_linvit_wrote(tmp_path, capsys, teacher_file, mnist_root):
+    out = tmp_path / "run"
+    assert evaluate(out, teacher_file, mnist_root) == 0
+    (out / "notes.txt").write_text("the user's")
+    (out / "mine").mkdir()
+    (out / "mine" / "data.bin").write_bytes(b"\x00\x01")
+    capsys.readouterr()
+    before = snapshot(out)
+    # another config without --rerun: refused, nothing touched
+    assert evaluate(out, teacher_file, mnist_root, "data.eval_batch_size=64") == 2
+    assert "another config" in one_error_line(capsys, "evaluate")
+    assert snapshot(out) == before
+    assert evaluate(out, teacher_file, mnist_root, "data.eval_batch_size=64", "--rerun") == 0
+    assert (out / "notes.txt").read_text() == "the user's"
+    assert (out / "mine" / "data.bin").read_bytes() == b"\x00\x01"
+    assert read_json(out / "metrics.json")["eval_samples"] == 256
+    assert "eval_batch_size: 64" in (out / "config.yaml").read_text()
+    assert sorted(read_json(out / MARKER)["files"]) == sorted(rundir.owned_names("evaluate"))
+
+
+def pretrain(out, mnist_root, *extra) -> int:
+    return cli.main(["pretrain", "-o", str(out), f"data.root={mnist_root}", "data.batch_size=64",
+                     "data.train_subset=128", "data.test_subset=64", "optim.epochs=2",
+                     "optim.warmup_epochs=0", "run.progress=false", *extra])
+
+
+@pytest.fixture
+def interrupted(tmp_path, mnist_root, monkeypatch) -> Path:
+    """A pretraining run stopped after its last epoch's checkpoint, before its results."""
+    def stop(self, metrics):
+        raise KeyboardInterrupt
+    out = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(rundir.RunDir, "finish", stop)
+        with pytest.raises(KeyboardInterrupt):
+            pretrain(out, mnist_root)
+    rundir.RunDir(out, "pretrain", {}).release()      # as the end of that process would
+    assert (out / "checkpoint.safetensors").is_file() and not (out / "metrics.json").exists()
+    return out
+
+
+def zero_one_tensor(path: Path) -> None:
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(path))
+    name = next(k for k in sorted(tensors) if k.endswith("qkv.weight"))
+    tensors[name] = torch.zeros_like(tensors[name])
+    save_file(tensors, str(path), metadata=meta)         # the old checksum stays
+
+
+@pytest.mark.parametrize("damage", ["zeroed tensor", "truncated"])
+def test_a_damaged_checkpoint_is_refused_and_rerun_recovers(damage, interrupted, mnist_root,
+                                                           capsys):
+    ckpt = interrupted / "checkpoint.safetensors"
+    if damage == "zeroed tensor":
+        zero_one_tensor(ckpt)
+    else:
+        ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    capsys.readouterr()
+    assert pretrain(interrupted, mnist_root) == 2
+    line = one_error_line(capsys, "pretrain")
+    assert "cannot resume" in line and "--rerun" in line
+    assert pretrain(interrupted, mnist_root, "--rerun") == 0
+    metrics = verified_metrics(interrupted)
+    assert metrics is not None and metrics["epochs"] == 2
+
+
+def test_a_damaged_model_file_is_refused_wherever_it_is_used(tmp_path, teacher_file, mnist_root,
+                                                             capsys):
+    damaged = tmp_path / "model.safetensors"
+    damaged.write_bytes(teacher_file.read_bytes())
+    zero_one_tensor(damaged)
+    for argv in (["evaluate", f"checkpoint={damaged}"],
+                 ["finetune", f"teacher={damaged}", "init.strategy=copy_all"],
+                 ["distill", f"teacher={damaged}"]):
+        out = tmp_path / argv[0]
+        assert cli.main([argv[0], "-o", str(out), *argv[1:], f"data.root={mnist_root}"]) == 2
+        assert "do not match the checksum" in one_error_line(capsys, argv[0])
+        assert not out.exists()
+
+
+def test_complete_means_every_output_present_and_unchanged(tmp_path, mnist_root, capsys):
+    out = tmp_path / "run"
+    assert pretrain(out, mnist_root, "optim.epochs=1") == 0
+    assert verified_metrics(out) is not None
+    assert make_record("teacher", {}, out, 0)["status"] == "ok"
+    model = out / "model.safetensors"
+    saved = model.read_bytes()
+    model.unlink()
+    assert verified_metrics(out) is None
+    assert make_record("teacher", {}, out, 0)["status"] == "failed"
+    capsys.readouterr()
+    assert pretrain(out, mnist_root, "optim.epochs=1") == 2
+    assert "fails verification" in one_error_line(capsys, "pretrain")
+    model.write_bytes(saved[:-1] + bytes([saved[-1] ^ 1]))           # one bit changed
+    assert verified_metrics(out) is None
+    (out / "metrics.json").write_text('{"top1": NaN, "outputs": {}}')  # not JSON
+    assert verified_metrics(out) is None
+    assert pretrain(out, mnist_root, "optim.epochs=1", "--rerun") == 0
+    assert verified_metrics(out) is not None
+
+
+def test_a_nan_model_fails_its_evaluation_without_writing_a_result(tmp_path, mnist_root, capsys):
+    model = create_vit(ModelSpec("cpu96", "softmax", 10, 28, 1))
+    with torch.no_grad():
+        model.head.weight.fill_(float("nan"))
+    path = tmp_path / "nan.safetensors"
+    save_model(model, path)
+    out = tmp_path / "eval"
+    assert evaluate(out, path, mnist_root) == 1
+    assert "non-finite" in capsys.readouterr().err
+    assert not (out / "metrics.json").exists() and verified_metrics(out) is None
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path, teacher_file,
+                                                                      mnist_root, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / MARKER).write_text('{"linvit": "run folder", "stage": "evaluate", "files": []}')
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)       # another process's run, in effect
+    try:
+        # flock locks belong to an open file, so this process's second open() conflicts too
+        assert evaluate(out, teacher_file, mnist_root) == 2
+        assert "another linvit process is writing" in one_error_line(capsys, "evaluate")
+        assert not (out / "metrics.json").exists()
+    finally:
+        os.close(fd)
+    assert evaluate(out, teacher_file, mnist_root) == 0
+
+
+def test_leftover_temporaries_are_removed_and_permissions_are_consistent(tmp_path, teacher_file,
+                                                                        mnist_root):
+    out = tmp_path / "run"
+    assert evaluate(out, teacher_file, mnist_root) == 0
+    leftover = out / ".metrics.json.a1b2c3d4.tmp"            # an atomic write killed half-way
+    leftover.write_text("{")
+    users = out / ".notes.tmp"                               # not linvit's naming: kept
+    users.write_text("the user's")
+    assert evaluate(out, teacher_file, mnist_root, "--rerun") == 0
+    assert not leftover.exists() and users.exists()
+    users.unlink()
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
+    assert modes == {name: file_mode() for name in modes}, modes
