@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import pickle
+import types
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import load_file
 
 from linvit.dense.scenes import CLASSES, STUFF, SceneSpec, make_scenes, split_digest, verify_scenes
-from linvit.models import ModelSpec, create_vit, load_model, save_model
+from linvit.models import ModelSpec, create_vit, save_model
 
-from conftest import synthetic_mnist
+from conftest import perturb, synthetic_mnist
 
 SPEC = SceneSpec(size=64, train=12, val=6, seed=3)
 
@@ -59,7 +61,8 @@ def test_instance_masks_match_the_label_maps(scenes):
 @pytest.fixture(scope="module")
 def backbone_ckpt(tmp_path_factory):
     torch.manual_seed(0)
-    model = create_vit(ModelSpec("cpu96", "linear", 10, 28, 1))
+    # perturbed, so that norms and biases differ from a fresh model's too
+    model = perturb(create_vit(ModelSpec("cpu96", "linear", 10, 28, 1)))
     path = tmp_path_factory.mktemp("ckpt") / "student.safetensors"
     save_model(model, path)
     return path
@@ -73,9 +76,21 @@ def test_backbone_adapts_a_28px_grey_checkpoint_to_64px_rgb(backbone_ckpt):
     assert [tuple(m.shape) for m in maps] == [(2, 96, 16, 16), (2, 96, 8, 8), (2, 96, 4, 4),
                                               (2, 96, 2, 2)]
     assert backbone.vit.pos_embed.shape == (1, 1 + 16 * 16, 96)
-    # the blocks are the checkpoint's, tensor for tensor
-    source = load_model(backbone_ckpt)
-    assert torch.equal(backbone.vit.blocks[3].mlp.fc1.weight, source.blocks[3].mlp.fc1.weight)
+    # every tensor is the checkpoint's, bit for bit, but the two adapted to 64px RGB and the
+    # dropped classifier (read from the file itself, not through linvit's loader)
+    saved = load_file(str(backbone_ckpt))
+    own = backbone.vit.state_dict()
+    adapted = {"pos_embed", "patch_embed.proj.weight"}
+    assert set(saved) - set(own) <= {"head.weight", "head.bias"}
+    for k, v in own.items():
+        if k in saved and k not in adapted:
+            assert torch.equal(v, saved[k]), k
+    assert {k for k in own if k in saved and k not in adapted} >= {
+        f"blocks.{i}.{n}" for i in range(6) for n in ("norm1.weight", "attn.qkv.weight",
+                                                       "attn.proj.bias", "mlp.fc2.weight")}
+    # a grey image copied into the three channels gives the checkpoint's own patch embedding
+    torch.testing.assert_close(own["patch_embed.proj.weight"].sum(1, keepdim=True),
+                               saved["patch_embed.proj.weight"])
 
 
 def dense_cfg(task, root, ckpt, work, *extra):
@@ -102,7 +117,7 @@ def test_one_training_step_and_evaluation(task, keys, scenes, backbone_ckpt, tmp
 def test_interrupted_dense_run_resumes_from_mmengines_checkpoint_safely(scenes, backbone_ckpt,
                                                                         tmp_path, monkeypatch):
     """A run cut after its checkpoints resumes through torch.load(weights_only=True) with
-    linvit's allow-list; a pickle with anything else in it is still refused."""
+    linvit's allow-list (what the allow-list lets through, and what not: the tests below)."""
     from mmengine.runner import Runner
 
     from linvit.dense.stages import run_dense
@@ -120,8 +135,128 @@ def test_interrupted_dense_run_resumes_from_mmengines_checkpoint_safely(scenes, 
     assert "mIoU" in metrics
     assert loaded and all(k.get("weights_only", True) for k in loaded)
 
-    evil = tmp_path / "evil.pth"
-    with open(evil, "wb") as f:
-        pickle.dump({"meta": print}, f)
-    with pytest.raises(pickle.UnpicklingError):
-        torch.load(evil)
+
+class RealNamesPickler(pickle.Pickler):
+    """Writes every global under its Python 3 name: protocol 2, which torch.save uses, otherwise
+    renames subprocess.* to Python 2's commands.*, which the weights-only unpickler would refuse
+    as unknown without ever consulting the allow-list."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "fix_imports": False})
+
+
+REAL_NAMES = types.SimpleNamespace(__name__="pickle", Pickler=RealNamesPickler)
+
+
+def write_mmengine_checkpoint(path, by_mmengine: bool = True, **extra) -> dict:
+    """A checkpoint as mmengine's Runner writes one: weights, meta with numpy scalars and arrays,
+    and the message hub's state (HistoryBuffers of logged scalars), saved by mmengine itself
+    (or, by_mmengine=False, by torch.save with RealNamesPickler)."""
+    from mmengine.logging import MessageHub
+    from mmengine.runner.checkpoint import save_checkpoint
+
+    from linvit.dense.safe_load import NUMPY_DTYPES
+
+    hub = MessageHub(f"linvit-test-{path.stem}")
+    for loss in (0.75, 0.5, 0.25):
+        hub.update_scalar("train/loss", loss)
+    hub.update_scalar("train/lr", np.float32(1e-3))
+    hub.update_info("iter", 3)
+    arrays = {np.dtype(t).name: np.arange(6).reshape(2, 3).astype(t) for t in NUMPY_DTYPES}
+    scalars = {np.dtype(t).name: np.dtype(t).type(1) for t in NUMPY_DTYPES}
+    checkpoint = {"meta": {"iter": 3, "seed": np.int64(3), "arrays": arrays, "scalars": scalars},
+                  "state_dict": {"backbone.w": torch.arange(6.0).reshape(2, 3)},
+                  "message_hub": hub.state_dict(), **extra}
+    if by_mmengine:
+        save_checkpoint(checkpoint, str(path))
+    else:
+        torch.save(checkpoint, path, pickle_module=REAL_NAMES)
+    return checkpoint
+
+
+def load_like_mmengine(path):
+    """How a resuming Runner reads its checkpoint: torch.load with torch's default (weights_only)."""
+    from mmengine.runner.checkpoint import _load_checkpoint
+
+    return _load_checkpoint(str(path), map_location="cpu")
+
+
+def test_mmengine_checkpoints_load_inside_the_allow_list_only(tmp_path):
+    from mmengine.logging import HistoryBuffer
+
+    from linvit.dense.safe_load import mmengine_checkpoints_allowed
+
+    path = tmp_path / "iter_3.pth"
+    saved = write_mmengine_checkpoint(path)
+    with pytest.raises(pickle.UnpicklingError):           # torch's default refuses it ...
+        load_like_mmengine(path)
+    with mmengine_checkpoints_allowed():                  # ... linvit's allow-list admits it
+        loaded = load_like_mmengine(path)
+    assert torch.equal(loaded["state_dict"]["backbone.w"], saved["state_dict"]["backbone.w"])
+    loss = loaded["message_hub"]["log_scalars"]["train/loss"]
+    assert isinstance(loss, HistoryBuffer)
+    np.testing.assert_array_equal(loss.data[0], [0.75, 0.5, 0.25])
+    assert loss.current() == 0.25 and loss.mean() == 0.5
+    assert loaded["message_hub"]["log_scalars"]["train/lr"].current() == np.float32(1e-3)
+    assert loaded["message_hub"]["runtime_info"]["iter"] == 3
+    meta = loaded["meta"]
+    assert meta["seed"] == 3 and type(meta["seed"]) is np.int64
+    assert set(meta["arrays"]) == set(saved["meta"]["arrays"]) and len(meta["arrays"]) == 9
+    for name, array in saved["meta"]["arrays"].items():
+        assert meta["arrays"][name].dtype == array.dtype, name
+        np.testing.assert_array_equal(meta["arrays"][name], array)
+        assert type(meta["scalars"][name]) is type(saved["meta"]["scalars"][name]) and \
+            meta["scalars"][name] == 1, name
+    with pytest.raises(pickle.UnpicklingError):           # and only inside it
+        load_like_mmengine(path)
+
+
+class RunsCode:
+    """Unpickling this calls `fn(arg)`: what a malicious checkpoint does."""
+
+    def __init__(self, fn, arg):
+        self.fn, self.arg = fn, arg
+
+    def __reduce__(self):
+        return (self.fn, (self.arg,))
+
+
+def refusal(load) -> str | None:
+    """The message of the UnpicklingError that `load()` raises; None if it loads."""
+    try:
+        load()
+    except pickle.UnpicklingError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("fn", ["os.system", "subprocess.call", "builtins.eval",
+                                "builtins.exec"])
+def test_pickled_code_is_refused_inside_the_allow_list(tmp_path, fn):
+    """A checkpoint with mmengine's content plus one object whose unpickling runs code: inside
+    the allow-list it is still refused, naming the culprit, and the code never runs."""
+    import builtins
+    import os
+    import re
+    import subprocess
+
+    from linvit.dense.safe_load import mmengine_checkpoints_allowed
+
+    marker = tmp_path / "pickled-code-ran"
+    write = f"open({str(marker)!r}, 'w').close()"
+    payload = {"os.system": RunsCode(os.system, f"touch {marker}"),
+               "subprocess.call": RunsCode(subprocess.call, ["touch", str(marker)]),
+               "builtins.eval": RunsCode(builtins.eval, write),
+               "builtins.exec": RunsCode(builtins.exec, write)}[fn]
+    culprit = rf"\b{payload.fn.__name__}\b"
+    path = tmp_path / "iter_3.pth"
+    write_mmengine_checkpoint(path, by_mmengine=False, evil=payload)
+    with mmengine_checkpoints_allowed():
+        refusals = [refusal(lambda: load_like_mmengine(path)),
+                    refusal(lambda: torch.load(path, weights_only=True))]
+    assert not marker.exists(), f"unpickling ran {fn}"
+    assert all(r is not None for r in refusals), f"{fn}: the checkpoint loaded"
+    assert all(re.search(culprit, r) for r in refusals), refusals
+    # the control: an unrestricted load does run the payload, so the marker would have shown it
+    torch.load(path, weights_only=False)
+    assert marker.exists()

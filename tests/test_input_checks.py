@@ -143,7 +143,8 @@ def files(tmp_path_factory, mnist_root) -> dict:
     save_file(tensors, str(d / "bad_spec.safetensors"), metadata={"linvit_spec": spec})
     (d / "binary.yaml").write_bytes(b"\xff\xfe\x00\x81 binary")
     (d / "broken.yaml").write_text("optim: [1,\n")
-    (d / "dupes.yaml").write_text("optim:\n  lr: 0.1\noptim:\n  lr: 0.2\n")
+    # were the duplicate taken, the last value would fail on its own: the test stays fast
+    (d / "dupes.yaml").write_text("optim:\n  lr: 0.1\noptim:\n  lr: -1\n")
 
     class Evil:
         def __reduce__(self):
@@ -235,3 +236,14 @@ def test_duplicate_yaml_keys_are_refused_at_any_depth():
     with pytest.raises(Exception, match="duplicate key 'lr'"):
         load_yaml("optim:\n  lr: 1\n  lr: 2\n")
     assert load_yaml("a: {b: 1}\nc: 2\n") == {"a": {"b": 1}, "c": 2}
+
+
+def test_a_partial_nested_override_keeps_the_fields_own_defaults(files):
+    """DistillConfig's optim defaults to 1 epoch without warm-up; `optim.lr=...` must not turn
+    it into OptimCfg's 10 epochs."""
+    from linvit.config import DistillConfig, ImportConfig
+
+    cfg = load_config(DistillConfig, None, [f"teacher={files['dir']}/teacher.safetensors",
+                                            "optim.lr=0.01"])
+    assert (cfg.optim.lr, cfg.optim.epochs, cfg.optim.warmup_epochs) == (0.01, 1, 0)
+    assert load_config(ImportConfig, None, ["data.img_size=32"]).data.dataset == "imagefolder"

@@ -1,6 +1,7 @@
 """timm ViTs with swapped operators; checkpoints that load strictly and safely."""
 from __future__ import annotations
 
+import os
 import pickle
 
 import pytest
@@ -13,7 +14,7 @@ from linvit.models import (SIZES, CheckpointError, ModelSpec, create_vit, load_m
                            read_state_dict, save_model)
 from linvit.models.checkpoint import import_timm_weights
 
-from conftest import make_model
+from conftest import make_model, perturb
 
 
 @pytest.mark.parametrize("operator", list(OPERATORS))
@@ -36,11 +37,22 @@ def test_sizes_build_with_their_shapes(size):
     assert model.blocks[0].attn.num_heads == s.heads
 
 
+def assert_same_tensors(loaded: dict, saved: dict) -> None:
+    """Every saved tensor came back, bit for bit, with its dtype and shape, and nothing else."""
+    assert sorted(loaded) == sorted(saved)
+    for k, v in saved.items():
+        assert (loaded[k].dtype, loaded[k].shape) == (v.dtype, v.shape), k
+        assert torch.equal(loaded[k], v), \
+            f"{k} differs, by up to {(loaded[k].double() - v.double()).abs().max().item():.3g}"
+
+
 def test_save_and_load_round_trip_rebuilds_the_model(tmp_path, tiny_spec):
-    model = make_model(tiny_spec, "focused").eval()
+    # perturbed, so that no tensor (norms and biases included) equals what a fresh model holds
+    model = perturb(make_model(tiny_spec, "focused")).eval()
     save_model(model, tmp_path / "m.safetensors")
     again = load_model(tmp_path / "m.safetensors").eval()
     assert again.linvit_spec == model.linvit_spec
+    assert_same_tensors(again.state_dict(), model.state_dict())
     x = torch.randn(2, 1, 28, 28)
     assert torch.equal(model(x), again(x))
 
@@ -59,23 +71,41 @@ def test_wrong_key_or_shape_fails_naming_it(tmp_path, tiny_spec):
 
 
 def test_torch_files_load_with_weights_only_and_wrappers_unwrapped(tmp_path, tiny_spec):
-    model = make_model(tiny_spec)
-    torch.save({"model": {f"module.{k}": v for k, v in model.state_dict().items()}, "epoch": 3},
+    model = perturb(make_model(tiny_spec)).eval()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.save({"model": {f"module.{k}": v for k, v in saved.items()}, "epoch": 3},
                tmp_path / "ckpt.pth")
     state = read_state_dict(tmp_path / "ckpt.pth")
-    load_strict(make_model(tiny_spec, seed=5), state, "ckpt.pth")
+    assert_same_tensors(state, saved)
+    again = make_model(tiny_spec, seed=5).eval()
+    load_strict(again, state, "ckpt.pth")
+    assert_same_tensors(again.state_dict(), saved)
+    x = torch.randn(2, 1, 28, 28)
+    assert torch.equal(again(x), model(x))
 
 
 class Boom:
+    """Unpickling this runs a shell command that creates `marker`."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
     def __reduce__(self):
-        return (print, ("pickled code ran",))
+        return (os.system, (f"touch {self.marker}",))
 
 
-def test_pickled_code_is_refused(tmp_path):
-    with open(tmp_path / "evil.pth", "wb") as f:
-        pickle.dump({"model": Boom()}, f)
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol 4")   # pickle.dump's default
+@pytest.mark.parametrize("writer", ["pickle", "torch"])
+def test_pickled_code_is_refused(tmp_path, writer):
+    marker = tmp_path / "pickled-code-ran"
+    if writer == "torch":
+        torch.save({"model": {"w": torch.zeros(1), "x": Boom(marker)}}, tmp_path / "evil.pth")
+    else:
+        with open(tmp_path / "evil.pth", "wb") as f:
+            pickle.dump({"model": Boom(marker)}, f)
     with pytest.raises(CheckpointError, match="weights_only"):
         read_state_dict(tmp_path / "evil.pth")
+    assert not marker.exists()
 
 
 def test_bad_files_fail_clearly(tmp_path):

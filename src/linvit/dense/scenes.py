@@ -15,7 +15,6 @@ Written twice over the same PNG images:
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 

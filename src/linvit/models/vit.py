@@ -39,10 +39,10 @@ class ModelSpec:
         """ValueError naming the field when no model can be built from this spec."""
         size = get_size(self.size)
         check_options(self.operator, dict(self.operator_options))
-        for name in ("num_classes", "img_size", "in_chans"):
+        for name, low in (("num_classes", 0), ("img_size", 1), ("in_chans", 1)):  # 0: no head
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
         if self.img_size % size.patch_size:
             raise ValueError(f"image size {self.img_size} is not a multiple of {self.size}'s "
                              f"patch size {size.patch_size}: the last "
