@@ -62,3 +62,16 @@ def perturb(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
         for p in model.state_dict().values():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
     return model
+
+
+@pytest.fixture(autouse=True)
+def _fresh_linvit_logging():
+    """Each test starts like a fresh process: no linvit log handlers (a handler left by an earlier
+    test would write to that test's captured, closed stderr)."""
+    yield
+    import logging
+
+    logger = logging.getLogger("linvit")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
