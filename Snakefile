@@ -2,14 +2,23 @@
 # `snakemake dense` adds the dense tasks (UperNet, Mask R-CNN) on chosen backbones.
 # The grid, paths, CLI arguments and code-dependency map come from linvit (src/linvit/grid.py,
 # src/linvit/deps.py); rules here only wire them.
+import sys
+from pathlib import Path
+
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
 
+# This checkout's src/, whatever is installed (jobs get the same through PYTHONPATH).
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-# The embedded default grid, unless --configfile gives a whole grid of its own (Snakemake would
-# otherwise merge the two); --config key=value overrides apply either way.
-if "datasets" not in config:
+from linvit import grid  # noqa: E402
+
+
+# The embedded default grid, unless --configfile gives a whole grid of its own (merging the two
+# would hide what the file lacks, so one without a grid key is refused); --config key=value
+# overrides apply either way.
+if grid.use_shipped_grid(config, workflow.overwrite_configfiles):
 
     configfile: "config/config.yaml"
 

@@ -246,4 +246,7 @@ def test_a_partial_nested_override_keeps_the_fields_own_defaults(files):
     cfg = load_config(DistillConfig, None, [f"teacher={files['dir']}/teacher.safetensors",
                                             "optim.lr=0.01"])
     assert (cfg.optim.lr, cfg.optim.epochs, cfg.optim.warmup_epochs) == (0.01, 1, 0)
+    cfg = load_config(DistillConfig, None, [f"teacher={files['dir']}/teacher.safetensors",
+                                            "distill.losses={attn_map_ce: 1.0}"])
+    assert cfg.distill.losses == {"attn_map_ce": 1.0}       # replaces the default, not joins it
     assert load_config(ImportConfig, None, ["data.img_size=32"]).data.dataset == "imagefolder"

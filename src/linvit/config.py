@@ -532,8 +532,22 @@ def _with_defaults(f: dataclasses.Field, value):
     if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
         default = f.default_factory()
         if dataclasses.is_dataclass(default):
-            return deep_merge(dataclasses.asdict(default), value)
+            return _complete(default, value)
     return value
+
+
+def _complete(default, value: dict) -> dict:
+    """`value` over the fields of the config instance `default`: nested configs field by field,
+    every other field whole (a mapping of loss weights replaces the default one, it does not
+    join it). Unknown keys pass through for `build` to report."""
+    out = dict(value)
+    for f in dataclasses.fields(default):
+        base = getattr(default, f.name)
+        if f.name not in value:
+            out[f.name] = dataclasses.asdict(base) if dataclasses.is_dataclass(base) else base
+        elif dataclasses.is_dataclass(base) and isinstance(value[f.name], dict):
+            out[f.name] = _complete(base, value[f.name])
+    return out
 
 
 def _coerce(tp, value, path: str):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shlex
 from dataclasses import asdict, dataclass
 
@@ -140,14 +141,69 @@ def finetune_args(config: dict, cell: Cell, teacher_model: str, distilled_model:
 
 
 # --- checks and the grid document ---------------------------------------------------------------
-def check_config(config: dict, existing_file: str) -> None:
-    """Registry names, cross-references and every stage's overrides, before any job runs.
+# Grid names become folder names, wildcards and command-line words: a letter or digit first (no
+# leading '-' or '.'), then no slash, space, quote or shell character; '+' for strategies such as
+# copy_mlp+distill. workflow/schemas/config.schema.yaml repeats this pattern (a test holds them
+# equal).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
+# The keys that make a config a grid: the schema's `required` (a test holds them equal).
+GRID_KEYS = ("datasets", "sizes", "operators", "strategies", "seeds", "losses", "main_loss")
 
-    Stage overrides are validated by building each stage's linvit config with `existing_file`
-    standing in for checkpoints that do not exist yet.
+
+def use_shipped_grid(config: dict, configfiles: list) -> bool:
+    """Whether the Snakefile loads the shipped grid (config/config.yaml): only without --configfile.
+
+    A --configfile replaces the shipped grid rather than being merged onto it, so one that lacks
+    a grid key is refused instead of silently borrowing the shipped grid's datasets or sizes.
     """
+    from linvit.config import ConfigError
+
+    if not configfiles:
+        return True
+    missing = [k for k in GRID_KEYS if k not in config]
+    if missing:
+        raise ConfigError(f"{', '.join(map(str, configfiles))}: no {', '.join(missing)} (a "
+                          "--configfile replaces the shipped grid, config/config.yaml, so it "
+                          "must define the whole grid)")
+    return False
+
+
+def grid_names(config: dict) -> dict[str, list]:
+    """Every name that becomes a path part or a command-line word, by config field."""
+    sub, dense = config.get("loss_grid") or {}, config.get("dense") or {}
+    return {"datasets": list(config["datasets"]), "sizes": config["sizes"],
+            "operators": config["operators"], "strategies": config["strategies"],
+            "reference_strategies": config.get("reference_strategies", []),
+            "losses": list(config["losses"]), "main_loss": [config["main_loss"]],
+            "loss_grid.operators": sub.get("operators", []),
+            "loss_grid.strategies": sub.get("strategies", []),
+            "loss_grid.losses": sub.get("losses", []),
+            "teachers": list(config.get("teachers") or {}),
+            "dense.operators": dense.get("operators", []),
+            "dense.strategies": dense.get("strategies", [])}
+
+
+def check_names(config: dict) -> None:
+    """Grid keys present, grid names safe, and a results path Snakemake can put in patterns."""
+    from linvit.config import ConfigError
+
+    missing = [k for k in GRID_KEYS if k not in config]
+    if missing:
+        raise ConfigError(f"{missing[0]}: required")
+    for field, values in grid_names(config).items():
+        bad = [v for v in values if not (isinstance(v, str) and re.fullmatch(NAME_PATTERN, v))]
+        if bad:
+            raise ConfigError(f"{field}: {bad[0]!r} is not an allowed name (names become folders "
+                              f"and command-line words; allowed: {NAME_PATTERN})")
+    results = config.get("results", "results")
+    if not isinstance(results, str) or not results or re.search(r"[{}\n]", results):
+        raise ConfigError(f"results: {results!r} must be a non-empty path without braces or "
+                          "newlines (Snakemake reads braces in output paths as wildcards)")
+
+
+def _check_registries(config: dict) -> None:
     from linvit.attention import OPERATORS
-    from linvit.config import ConfigError, DistillConfig, FinetuneConfig, PretrainConfig, load_config
+    from linvit.config import ConfigError
     from linvit.data import DATASETS
     from linvit.models import SIZES
     from linvit.transfer.losses import LOSSES
@@ -161,7 +217,7 @@ def check_config(config: dict, existing_file: str) -> None:
     sub = config.get("loss_grid") or {}
     names("sizes", config["sizes"], SIZES)
     names("operators", config["operators"] + sub.get("operators", []), OPERATORS)
-    names("strategies", config["strategies"] + config["reference_strategies"]
+    names("strategies", config["strategies"] + config.get("reference_strategies", [])
           + sub.get("strategies", []), STRATEGIES)
     names("main_loss / loss_grid.losses", [config["main_loss"], *sub.get("losses", [])],
           config["losses"])
@@ -169,54 +225,68 @@ def check_config(config: dict, existing_file: str) -> None:
         names(f"losses.{design}", weights, LOSSES)
     for name, data in config["datasets"].items():
         names(f"datasets.{name}.dataset", [data["dataset"]], DATASETS)
-    names("teachers", config.get("teachers", {}), config["sizes"])
-    for dataset in config["datasets"]:
-        for cls, args in ((PretrainConfig, teacher_args(config, dataset, config["sizes"][0], "x")),
-                          (DistillConfig, distill_args(config, dataset, config["sizes"][0], "linear",
-                                                       config["main_loss"], existing_file, "x")),
-                          (FinetuneConfig, finetune_args(
-                              config, Cell(dataset, config["sizes"][0], "linear", "copy_mlp+distill",
-                                           config["main_loss"], 0), existing_file, existing_file,
-                              "x"))):
-            words = shlex.split(args)
-            if words[0] == "import-teacher":
-                continue
-            try:
-                load_config(cls, None, [w for w in words if "=" in w])
-            except ConfigError as e:
-                raise ConfigError(f"stages.{_STAGE_OF[cls.__name__]} (dataset {dataset}): {e}") from None
+    names("teachers", config.get("teachers") or {}, config["sizes"])
 
 
-    check_dense(config, existing_file)
-    check_bench(config)
-
-
-def check_dense(config: dict, existing_file: str) -> None:
-    """The dense sub-grid: its backbones are cells of the grid, its stage overrides build."""
+def _check_teacher_files(config: dict) -> None:
+    """Imported teachers' weight files exist now, not only when their job starts."""
     from pathlib import Path
 
-    from linvit.config import ConfigError, DenseConfig, ScenesConfig, load_config
+    from linvit.config import ConfigError
 
-    if not config.get("dense"):
-        return
+    for size, teacher in (config.get("teachers") or {}).items():
+        file = teacher.get("file")
+        if teacher.get("source") == "timm" and file is not None and not Path(file).is_file():
+            raise ConfigError(f"teachers.{size}.file: file not found: {file}")
+
+
+def job_arguments(config: dict, existing_file: str) -> list[tuple[str, str, str]]:
+    """(config field, job folder, CLI arguments) of every job the workflow can run, built by the
+    functions the rules call, with `existing_file` standing in for checkpoints not yet made and
+    its folder for the dense scenes."""
+    from pathlib import Path
+
+    cells, x = expand_grid(config), existing_file
+    jobs = [(_teacher_field(config, s), teacher_dir("", d, s), teacher_args(config, d, s, "x"))
+            for d, s in teachers(cells)]
+    jobs += [(f"stages.distill / losses.{k[3]}", distill_dir("", *k),
+              distill_args(config, *k, x, "x")) for k in distillations(cells)]
+    jobs += [("stages.finetune", cell_dir("", c),
+              finetune_args(config, c, x, x if c.needs_distill else None, "x")) for c in cells]
+    if config.get("dense"):
+        jobs.append(("dense.scenes", "scenes", scenes_args(config, "x")))
+        jobs += [(f"dense.stages.{j.task}", dense_dir("", j),
+                  dense_args(config, j, x, str(Path(x).parent), "x"))
+                 for j in dense_jobs(config, cells)]
+    if config.get("bench"):
+        jobs.append(("bench", "bench", bench_args(config, "x")))
+    return [(field, where.lstrip("/"), args) for field, where, args in jobs]
+
+
+def _teacher_field(config: dict, size: str) -> str:
+    source = (config.get("teachers") or {}).get(size, {}).get("source", "pretrain")
+    return f"teachers.{size}" if source == "timm" else "stages.teacher"
+
+
+def check_config(config: dict, existing_file: str) -> None:
+    """Names, registries, cross-references and every job's resolved linvit config, before any job
+    runs: each job's exact overrides are built into its stage's config (the paper grid's ~400
+    jobs take about a second)."""
+    from linvit.config import STAGE_CONFIGS, ConfigError, load_config
+
+    check_names(config)
+    _check_registries(config)
+    _check_teacher_files(config)
     try:
-        jobs = dense_jobs(config, expand_grid(config))
-    except ValueError as e:
+        jobs = job_arguments(config, existing_file)
+    except ValueError as e:                  # a dense backbone that is not a cell of the grid
         raise ConfigError(str(e)) from None
-    try:
-        load_config(ScenesConfig, None, flatten(config["dense"].get("scenes", {})))
-    except ConfigError as e:
-        raise ConfigError(f"dense.scenes: {e}") from None
-    folder = str(Path(existing_file).parent)
-    for job in {j.task: j for j in jobs}.values():
-        words = shlex.split(dense_args(config, job, existing_file, folder, "x"))
+    for field, where, args in jobs:
+        stage, _, _, _, *overrides = shlex.split(args)     # <stage> -o <dir> --rerun k=v ...
         try:
-            load_config(DenseConfig, None, [w for w in words if "=" in w])
+            load_config(STAGE_CONFIGS[stage], None, overrides)
         except ConfigError as e:
-            raise ConfigError(f"dense.stages.{job.task}: {e}") from None
-
-
-_STAGE_OF = {"PretrainConfig": "teacher", "DistillConfig": "distill", "FinetuneConfig": "finetune"}
+            raise ConfigError(f"{field} (job {where}): {e}") from None
 
 
 def grid_document(config: dict, cells: list[Cell]) -> dict:
@@ -253,7 +323,9 @@ class DenseJob:
     def cell(self) -> Cell | None:
         if self.backbone == TEACHER_BACKBONE:
             return None
-        op, init, loss, seed = self.backbone.split(".")
+        # operators and strategies are registry names without dots; loss design names may have
+        op, init, rest = self.backbone.split(".", 2)
+        loss, seed = rest.rsplit(".", 1)
         return Cell(self.dataset, self.size, op, init, loss, int(seed.removeprefix("seed")))
 
     def key(self) -> dict:
@@ -288,17 +360,6 @@ def dense_jobs(config: dict, cells: list[Cell]) -> list[DenseJob]:
 
 def bench_args(config: dict, out_dir: str) -> str:
     return _command("bench", out_dir, dict(config.get("bench") or {}))
-
-
-def check_bench(config: dict) -> None:
-    from linvit.config import BenchConfig, ConfigError, load_config
-
-    if not config.get("bench"):
-        return
-    try:
-        load_config(BenchConfig, None, flatten(config["bench"]))
-    except ConfigError as e:
-        raise ConfigError(f"bench.{e}") from None
 
 
 def dense_dir(results: str, job: DenseJob) -> str:

@@ -56,18 +56,123 @@ def test_job_arguments_are_valid_linvit_configs(tmp_path):
     assert 'distill.losses={"attn_map_ce": 1.0, "attn_out_mse": 1.0}' in distill
 
 
+NAME_RULE = f"allowed: {grid.NAME_PATTERN}"
+
+
+def test_each_distillation_gets_exactly_its_loss_design(tmp_path):
+    """A loss design's weights replace the stage default, never add to it."""
+    from linvit.config import DistillConfig
+    config, teacher = default_config(), str(ROOT / "Snakefile")
+    for design, weights in config["losses"].items():
+        words = shlex.split(grid.distill_args(config, "fashion_mnist", "cpu96", "linear", design,
+                                              teacher, "D"))
+        assert load_config(DistillConfig, None, words[4:]).distill.losses == weights, design
+
+
 @pytest.mark.parametrize("change, message", [
     ({"operators": ["lineer"]}, "operators: ['lineer'] not in"),
     ({"strategies": ["copy_everything"]}, "strategies: ['copy_everything'] not in"),
     ({"main_loss": "nope"}, "main_loss / loss_grid.losses: ['nope'] not in"),
     ({"losses": {"out": {"mse": 1.0}, "map": {}, "map+out": {}}}, "losses.out: ['mse'] not in"),
-    ({"stages": {"finetune": {"optim": {"lrr": 0.1}}}}, "stages.finetune (dataset fashion_mnist): "
-                                                         "optim.lrr: unknown field"),
+    ({"stages": {"finetune": {"optim": {"lrr": 0.1}}}},
+     "stages.finetune (job cells/fashion_mnist/cpu96/linear/random/none/seed0): "
+     "optim.lrr: unknown field"),
+    # names become folders and shell words: refused even when the schema is skipped
+    ({"datasets": {"x$(touch${IFS}MARKER)": {"dataset": "fashion_mnist"}}},
+     f"datasets: 'x$(touch${{IFS}}MARKER)' is not an allowed name (names become folders and "
+     f"command-line words; {NAME_RULE})"),
+    ({"losses": {"out": {"attn_out_mse": 1.0}, "it's": {"attn_map_ce": 1.0}}},
+     f"losses: \"it's\" is not an allowed name"),
+    ({"sizes": ["cpu96", "../cpu96"]}, "sizes: '../cpu96' is not an allowed name"),
+    ({"strategies": ["random", "-rf"]}, "strategies: '-rf' is not an allowed name"),
+    ({"dense": {"tasks": ["segment"], "operators": ["linear x"], "strategies": ["random"]}},
+     "dense.operators: 'linear x' is not an allowed name"),
+    ({"results": "out/{dataset}"}, "results: 'out/{dataset}' must be a non-empty path without "
+                                   "braces"),
+    ({"datasets": None}, "datasets: required"),
+    # teacher files and jobs beyond the first of each stage
+    ({"teachers": {"cpu96": {"source": "timm", "file": "no/such/deit.pth"}}},
+     "teachers.cpu96.file: file not found: no/such/deit.pth"),
+    ({"losses": {"out": {"attn_out_mse": 1.0}, "map": {"attn_map_ce": -1.0},
+                 "map+out": {"attn_map_ce": 1.0}}},
+     "stages.distill / losses.map (job distill/fashion_mnist/cpu96/linear/map): "
+     "distill.losses.attn_map_ce: must be >= 0"),
+    ({"operators": ["focused", "inline"], "reference_strategies": [], "loss_grid": None,
+      "dense": None,
+      "stages": {"finetune": {"model": {"operator_options": {"focusing_factor": 2.0}}}}},
+     "stages.finetune (job cells/fashion_mnist/cpu96/inline/random/none/seed0): "
+     "model.operator_options"),
+    ({"bench": {"tokens": [15]}}, "bench (job bench): tokens[0]: 15 is not a positive square"),
 ])
 def test_check_config_names_the_field(change, message):
-    config = {**default_config(), **change}
+    config = {k: v for k, v in {**default_config(), **change}.items() if v is not None}
     with pytest.raises(ConfigError, match=re.escape(message)):
         grid.check_config(config, str(ROOT / "Snakefile"))
+
+
+def test_grid_names_allow_every_registry_name():
+    from linvit.attention import OPERATORS
+    from linvit.models import SIZES
+    from linvit.transfer.strategies import STRATEGIES
+    for name in [*OPERATORS, *SIZES, *STRATEGIES, "map+out", "fashion_mnist", "v1.2"]:
+        assert re.fullmatch(grid.NAME_PATTERN, name), name
+
+
+def test_schema_repeats_the_grid_rules():
+    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    assert schema["$defs"]["name"]["pattern"] == grid.NAME_PATTERN
+    assert tuple(schema["required"]) == grid.GRID_KEYS
+
+
+def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
+    """Each teacher, distillation, cell, dense job and the benchmark is built into its stage's
+    config, so an override that only some jobs reject is found before any job runs."""
+    import linvit.config
+    config = default_config()
+    built, load = [], linvit.config.load_config
+    monkeypatch.setattr(linvit.config, "load_config",
+                        lambda cls, path, overrides: built.append((cls.__name__, overrides))
+                        or load(cls, path, overrides))
+    grid.check_config(config, str(ROOT / "Snakefile"))
+    cells = grid.expand_grid(config)
+    counts = {name: sum(1 for n, _ in built if n == name) for name, _ in built}
+    assert counts == {"PretrainConfig": len(grid.teachers(cells)),
+                      "DistillConfig": len(grid.distillations(cells)),
+                      "FinetuneConfig": len(cells),
+                      "ScenesConfig": 1, "DenseConfig": len(grid.dense_jobs(config, cells)),
+                      "BenchConfig": 1}
+    seeds = {o for _, overrides in built for o in overrides if o.startswith("init.strategy=")}
+    assert len(seeds) == len(config["strategies"])
+    # an operator option that suits one operator of the grid is fine when only it gets it
+    focused = {**default_config(), "operators": ["focused"], "reference_strategies": [],
+               "stages": {"finetune": {"model": {"operator_options": {"focusing_factor": 2.0}}}}}
+    del focused["loss_grid"], focused["dense"]
+    grid.check_config(focused, str(ROOT / "Snakefile"))
+
+
+def test_check_config_covers_the_paper_grid():
+    config = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+    jobs = grid.job_arguments(config, str(ROOT / "Snakefile"))
+    cells = grid.expand_grid(config)
+    assert len(jobs) == len(grid.teachers(cells)) + len(grid.distillations(cells)) + len(cells) + 1
+    assert {field for field, _, _ in jobs} >= {"teachers.deit_t", "stages.finetune", "bench"}
+    grid.check_config(config, str(ROOT / "Snakefile"))
+
+
+def test_a_configfile_must_define_the_whole_grid():
+    assert grid.use_shipped_grid({}, [])                       # no --configfile: shipped grid
+    assert grid.use_shipped_grid({"results": "x"}, [])         # --config overrides go on top
+    assert not grid.use_shipped_grid(default_config(), ["mine.yaml"])
+    partial = {k: v for k, v in default_config().items() if k not in ("datasets", "seeds")}
+    with pytest.raises(ConfigError, match=re.escape("mine.yaml: no datasets, seeds (a "
+                                                    "--configfile replaces the shipped grid")):
+        grid.use_shipped_grid(partial, ["mine.yaml"])
+
+
+def test_dense_backbones_of_dotted_loss_names_round_trip():
+    cell = grid.Cell("fashion_mnist", "cpu96", "linear", "copy_mlp+distill", "map.v2", 1)
+    job = grid.DenseJob("segment", "fashion_mnist", "cpu96", grid.backbone_label(cell))
+    assert job.cell == cell
 
 
 def rel(paths):

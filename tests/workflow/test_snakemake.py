@@ -1,9 +1,13 @@
 """The Snakemake workflow on a temporary copy of the project: the paper DAG, config validation,
-a tiny grid end to end, code-change invalidation, failing cells, interruption."""
+a tiny grid end to end, code-change invalidation, failing cells, interruption, and paths and
+names that a shell would misread."""
 from __future__ import annotations
 
 import base64
+import json
+import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -11,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -60,18 +65,23 @@ TINY = {
 }
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory, mnist_root):
-    path = copy_project(tmp_path_factory.mktemp("project"))
+def tiny_config(results: str, mnist_root: Path) -> dict:
     dense_stage = {"data": {"batch_size": 2}, "optim": {"iters": 2, "checkpoint_every": 2},
                    "model": {"head_channels": 32}}
-    config = {"results": str(path / "results"),
-              "datasets": {"synthetic": {"dataset": "fashion_mnist", "root": str(mnist_root)}},
-              **TINY,
-              "dense": {"tasks": ["segment", "detect"], "operators": ["linear"],
-                        "strategies": ["copy_mlp+distill"],
-                        "scenes": {"train": 12, "val": 6, "sprites_root": str(mnist_root)},
-                        "stages": {"segment": dense_stage, "detect": dense_stage}}}
+    return {"results": results,
+            "datasets": {"synthetic": {"dataset": "fashion_mnist", "root": str(mnist_root)}},
+            **TINY,
+            "dense": {"tasks": ["segment", "detect"], "operators": ["linear"],
+                      "strategies": ["copy_mlp+distill"],
+                      "scenes": {"train": 12, "val": 6, "sprites_root": str(mnist_root)},
+                      "stages": {"segment": dense_stage, "detect": dense_stage}}}
+
+
+# A checkout and results folder with a space and a quote in their path: every command must quote.
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, mnist_root):
+    path = copy_project(tmp_path_factory.mktemp("linvit's project"))
+    config = tiny_config(str(path / "results"), mnist_root)
     (path / "config" / "tiny.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     run = snakemake(path, "--cores", "2", "--configfile", "config/tiny.yaml")
     assert run.returncode == 0, run.stderr[-3000:]
@@ -110,6 +120,93 @@ def test_malformed_config_fails_before_any_job(tmp_path, override, message):
     assert run.returncode != 0
     assert message in run.stdout + run.stderr
     assert not (path / "results").exists()
+
+
+def test_a_configfile_without_a_grid_is_refused(tmp_path):
+    """Not merged onto the shipped grid, whose datasets and sizes it would silently run."""
+    path = copy_project(tmp_path)
+    (path / "config" / "partial.yaml").write_text("results: elsewhere\n")
+    run = snakemake(path, "-n", "--configfile", "config/partial.yaml")
+    assert run.returncode != 0
+    assert ("config/partial.yaml: no datasets, sizes, operators, strategies, seeds, losses, "
+            "main_loss (a --configfile replaces the shipped grid") in run.stdout + run.stderr
+
+
+def test_a_name_that_would_run_a_command_is_refused(tmp_path, mnist_root):
+    path = copy_project(tmp_path)
+    name = "x$(touch${IFS}MARKER)"
+    config = tiny_config("results", mnist_root)
+    config["datasets"] = {name: config["datasets"]["synthetic"]}
+    (path / "config" / "evil.yaml").write_text(yaml.safe_dump(config))
+    # a real run of the job that name reaches (a dry run would never start a shell)
+    run = snakemake(path, f"results/teachers/{name}/cpu96/record.json", "--cores", "1",
+                    "--configfile", "config/evil.yaml")
+    assert not list(path.rglob("MARKER"))
+    assert run.returncode != 0 and not (path / "results").exists()
+    assert "does not match '^[A-Za-z0-9][A-Za-z0-9_.+-]*$'" in run.stderr, run.stderr[-3000:]
+
+
+# A results path that a shell would split, unquote and run commands from.
+HOSTILE = "res ults/it's $(touch MARKER) `touch MARK2`"
+
+
+def shell_commands(dry_run: str) -> dict[str, list[list[str]]]:
+    """rule -> the words of each shell line that `snakemake -n -p` prints for its jobs."""
+    commands: dict[str, list[list[str]]] = {}
+    rule, text = None, None
+    for line in dry_run.splitlines() + [""]:
+        if text is not None:
+            if line.strip() and not line.startswith("["):
+                text.append(line)
+                continue
+            script = "\n".join(text).replace("\\\n", " ")
+            commands.setdefault(rule, []).extend(
+                shlex.split(cmd) for cmd in script.splitlines() if cmd.strip())
+            text = None
+        if m := re.match(r"^(?:local)?rule (\w+):$", line.strip()):
+            rule = m.group(1)
+        elif line.startswith("Shell command:") and line.split(":", 1)[1].strip() != "None":
+            text = [line.split(":", 1)[1]]
+    return commands
+
+
+def test_every_command_keeps_paths_and_keys_whole(tmp_path, mnist_root):
+    path = copy_project(tmp_path / "linvit's pro ject")
+    config = tiny_config(HOSTILE, mnist_root)
+    (path / "config" / "tiny.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    run = snakemake(path, "all", "dense", "-n", "-p", "--configfile", "config/tiny.yaml")
+    assert run.returncode == 0, run.stderr[-3000:]
+    commands = shell_commands(run.stdout)
+    assert set(commands) == {"teacher", "distill", "finetune", "bench", "collect", "tables",
+                             "figures", "attention_figure", "report", "scenes", "dense_job",
+                             "dense_collect", "dense"}
+    for rule, lines in commands.items():
+        for words in lines:
+            for word in words:                # a split path leaves pieces of it as words
+                assert "MARK" not in word or HOSTILE in word, (rule, word)
+                assert "ject" not in word or str(path) in word, (rule, word)
+            for flag in ("--key", "--data"):
+                if flag in words:
+                    assert isinstance(json.loads(words[words.index(flag) + 1]), dict), words
+    record = [words for words in commands["teacher"] if "record" in words][0]
+    assert json.loads(record[record.index("--key") + 1]) == {"dataset": "synthetic",
+                                                            "size": "cpu96"}
+    assert record[record.index("--run-dir") + 1] == f"{HOSTILE}/teachers/synthetic/cpu96"
+    assert [w for w in commands["teacher"][1] if w.startswith("PYTHONPATH=")] == [
+        f"PYTHONPATH={path}/src"]
+    students = commands["attention_figure"][0]
+    assert students[students.index("--student-record") + 1] == \
+        f"linear={HOSTILE}/distill/synthetic/cpu96/linear/out/record.json"
+
+
+def test_a_job_runs_in_a_results_path_full_of_shell_syntax(project):
+    record = project / HOSTILE / "teachers" / "synthetic" / "cpu96" / "record.json"
+    run = snakemake(project, str(record.relative_to(project)), "--cores", "2",
+                    "--configfile", "config/tiny.yaml", "--config", f"results={HOSTILE}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    written = json.loads(record.read_text())
+    assert (written["status"], written["key"]) == ("ok", {"dataset": "synthetic", "size": "cpu96"})
+    assert not list(project.rglob("MARK*"))
 
 
 def test_tiny_grid_runs_end_to_end_and_then_has_nothing_to_do(project):
@@ -198,30 +295,78 @@ def test_a_failing_cell_does_not_poison_the_others(project):
     assert "failed" not in (project / "results" / "tables" / "main.md").read_text()
 
 
-def test_an_interrupted_workflow_resumes_without_recomputing(project):
-    results = project / "results-interrupted"
-    # one core: jobs run one after another, so the interrupt lands mid-grid
-    args = [sys.executable, "-m", "snakemake", "--cores", "1", "--configfile", "config/tiny.yaml",
-            "--config", f"results={results}"]
-    # A shell without job control starts background commands with SIGINT ignored, and children
-    # inherit that; restore the default so the interrupt below acts like Ctrl-C in a terminal.
-    proc = subprocess.Popen(args, cwd=project, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 600
-    while not list(results.glob("cells/**/record.json")) and time.time() < deadline:
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=120)
-    # a job that finished while Snakemake was stopping is marked incomplete and reruns
+def incomplete_outputs(project: Path) -> set[str]:
+    """Outputs Snakemake marked incomplete: urlsafe base64 of the path, split into '@'-prefixed
+    folders past the file-name limit."""
     marks = project / ".snakemake" / "incomplete"
-    in_flight = {base64.b64decode(p.name).decode() for p in marks.iterdir()} if marks.is_dir() else set()
+    return {base64.urlsafe_b64decode("".join(part.lstrip("@")
+                                             for part in p.relative_to(marks).parts)).decode()
+            for p in marks.rglob("*") if p.is_file()} if marks.is_dir() else set()
+
+
+def freeze_a_training_job(snake: psutil.Process, results: Path) -> psutil.Process:
+    """A distill or finetune job of this workflow, stopped (SIGSTOP) while it runs: from then on it
+    cannot finish, so the interrupt that follows lands mid-job whatever the timing."""
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        for proc in snake.children(recursive=True):
+            try:
+                words = proc.cmdline()
+                if not ("linvit.cli" in words and {"distill", "finetune"} & set(words)
+                        and any(str(results) in w for w in words)):
+                    continue
+                proc.suspend()
+                while proc.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
+                    time.sleep(0.01)          # the stop signal is being delivered
+                if proc.status() == psutil.STATUS_STOPPED:
+                    return proc
+            except psutil.NoSuchProcess:      # finished before it could be stopped: the next one
+                pass
+        time.sleep(0.1)
+    raise AssertionError("no distill or finetune job started within 10 minutes")
+
+
+def test_an_interrupted_workflow_resumes_without_recomputing(project):
+    """Ctrl-C mid-job: the next run reruns only unfinished jobs, leaves finished ones untouched
+    and completes the grid."""
+    results = project / "results-interrupted"
+    # one core: one job at a time
+    args = ["--cores", "1", "--configfile", "config/tiny.yaml", "--config", f"results={results}"]
+    # First exactly one cell and its teacher, so the jobs finished before the interrupt are known.
+    cell = results / "cells/synthetic/cpu96/linear/random/none/seed0/record.json"
+    first = snakemake(project, str(cell), *args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    finished = {p: p.stat().st_mtime_ns for p in results.glob("**/record.json")}
+    assert set(finished) == {cell, results / "teachers/synthetic/cpu96/record.json"}
+    # Then the whole grid, interrupted as Ctrl-C in a terminal does: SIGINT to the process group
+    # (Snakemake, job shells, jobs) while a training job is frozen, which gets it on SIGCONT. A
+    # shell without job control starts background commands with SIGINT ignored, and children
+    # inherit that; restore the default.
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", *args], cwd=project,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        job = freeze_a_training_job(psutil.Process(proc.pid), results)
+        words = job.cmdline()
+        interrupted = Path(words[words.index("-o") + 1]) / "record.json"
+        os.killpg(proc.pid, signal.SIGINT)
+        job.resume()
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:               # the test failed: leave no workflow behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # a job that finished while Snakemake was stopping is marked incomplete and reruns
+    in_flight = incomplete_outputs(project)
     done = {p: p.stat().st_mtime_ns for p in results.glob("**/record.json")
             if str(p) not in in_flight}
+    assert finished.items() <= done.items() and interrupted not in done
     assert 1 <= len([p for p in done if "/cells/" in str(p)]) < 8
-    resumed = snakemake(project, *args[3:], "--rerun-incomplete")   # as the local profile does
+    resumed = snakemake(project, *args, "--rerun-incomplete")   # as the local profile does
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert all(p.stat().st_mtime_ns == t for p, t in done.items())   # finished jobs kept
+    assert interrupted.is_file()
     assert len(list(results.glob("cells/**/record.json"))) == 8
     assert (results / "report.md").is_file()
 

@@ -1,20 +1,23 @@
 # Shared wiring: the grid from linvit.grid, the code-dependency map from linvit.deps, and the
 # command every job runs. Jobs use this checkout's src/ (PYTHONPATH), whatever is installed.
+#
+# Shell commands quote every substitution ({x:q}); the only unquoted ones are complete argument
+# strings built with shlex (grid.*_args, PYTHON), so no path or name can split or run a command.
 import json
+import shlex
 import sys
 from pathlib import Path
 
 SRC = Path(workflow.basedir) / "src"
-sys.path.insert(0, str(SRC))
 
-from linvit import deps, grid  # noqa: E402
+from linvit import deps  # noqa: E402   (grid: imported by the Snakefile)
 
 grid.check_config(config, str(Path(workflow.basedir) / "Snakefile"))
 
 RESULTS = config["results"]
 CELLS = grid.expand_grid(config)
 CELL_OF = {grid.cell_dir(RESULTS, c): c for c in CELLS}
-PYTHON = f"PYTHONPATH={SRC} {sys.executable}"
+PYTHON = f"PYTHONPATH={shlex.quote(str(SRC))} {shlex.quote(sys.executable)}"
 LINVIT = f"{PYTHON} -m linvit.cli"
 REPORT = f"{PYTHON} -m linvit.report.cli"
 
@@ -50,8 +53,8 @@ def cell_of(wc):
 # workflow) leaves no record: it has not failed, and the next run resumes it.
 RUN_AND_RECORD = """
 status=0
-{LINVIT} --nproc {resources.gpu} {params.args} run.threads={threads} > {log} 2>&1 || status=$?
+{LINVIT} --nproc {resources.gpu} {params.args} run.threads={threads} > {log:q} 2>&1 || status=$?
 if [ $status -ge 128 ]; then exit $status; fi
-{REPORT} record --kind {params.kind} --key '{params.key}' --run-dir {params.dir} \
-    --status $status --log {log} --out {output.record}
+{REPORT} record --kind {params.kind:q} --key {params.key:q} --run-dir {params.dir:q} \
+    --status $status --log {log:q} --out {output.record:q}
 """

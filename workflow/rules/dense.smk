@@ -24,7 +24,7 @@ rule scenes:
     params:
         args=lambda wc: grid.scenes_args(config, SCENES),
     shell:
-        "{LINVIT} {params.args} > {log} 2>&1"
+        "{LINVIT} {params.args} > {log:q} 2>&1"
 
 
 rule dense_job:
@@ -65,8 +65,10 @@ rule dense_collect:
         f"{RESULTS}/dense/distill_layers.csv",
     log:
         f"{RESULTS}/logs/dense_collect.log",
+    params:
+        out=f"{RESULTS}/dense",
     shell:
-        "{REPORT} collect --out {RESULTS}/dense {input.records} > {log} 2>&1"
+        "{REPORT} collect --out {params.out:q} {input.records:q} > {log:q} 2>&1"
 
 
 rule dense:
@@ -81,6 +83,11 @@ rule dense:
         f"{RESULTS}/figures/dense.pdf",
     log:
         f"{RESULTS}/logs/dense_report.log",
+    params:
+        tables=f"{RESULTS}/tables",
+        figures=f"{RESULTS}/figures",
+        out=f"{RESULTS}/dense.md",
     shell:
-        "{REPORT} dense --grid {input.grid} --results {input.results} --tables {RESULTS}/tables"
-        " --figures {RESULTS}/figures --out {RESULTS}/dense.md > {log} 2>&1"
+        "{REPORT} dense --grid {input.grid:q} --results {input.results:q}"
+        " --tables {params.tables:q} --figures {params.figures:q} --out {params.out:q}"
+        " > {log:q} 2>&1"

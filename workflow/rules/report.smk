@@ -32,8 +32,11 @@ rule collect:
         layers=f"{RESULTS}/distill_layers.csv",
     log:
         f"{RESULTS}/logs/collect.log",
+    params:
+        out=RESULTS,
     shell:
-        "{REPORT} collect --grid {input.grid} --out {RESULTS} {input.records} > {log} 2>&1"
+        "{REPORT} collect --grid {input.grid:q} --out {params.out:q} {input.records:q}"
+        " > {log:q} 2>&1"
 
 
 rule tables:
@@ -45,9 +48,11 @@ rule tables:
         expand(f"{RESULTS}/tables/{{name}}.{{ext}}", name=TABLES, ext=["csv", "md", "tex"]),
     log:
         f"{RESULTS}/logs/tables.log",
+    params:
+        out=f"{RESULTS}/tables",
     shell:
-        "{REPORT} tables --grid {input.grid} --results {input.results} --out {RESULTS}/tables"
-        " > {log} 2>&1"
+        "{REPORT} tables --grid {input.grid:q} --results {input.results:q} --out {params.out:q}"
+        " > {log:q} 2>&1"
 
 
 rule figures:
@@ -61,9 +66,11 @@ rule figures:
         expand(f"{RESULTS}/figures/{{name}}.{{ext}}", name=FIGURES, ext=["png", "pdf"]),
     log:
         f"{RESULTS}/logs/figures.log",
+    params:
+        out=f"{RESULTS}/figures",
     shell:
-        "{REPORT} figures --grid {input.grid} --results {input.results} --curves {input.curves}"
-        " --layers {input.layers} --out {RESULTS}/figures > {log} 2>&1"
+        "{REPORT} figures --grid {input.grid:q} --results {input.results:q}"
+        " --curves {input.curves:q} --layers {input.layers:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 def attention_students():
@@ -85,15 +92,17 @@ rule attention_figure:
         f"{RESULTS}/logs/attention_figure.log",
     params:
         data=json.dumps(config["datasets"][FIRST[0]]),
-        layers=" ".join(map(str, config["figures"]["attention_layers"])),
+        layers=config["figures"]["attention_layers"],
         images=config["figures"]["attention_images"],
-        students=" ".join(f"--student-record {op}={path}"
-                          for op, path in attention_students().items()),
+        # words, each quoted by {params.students:q}
+        students=[word for op, path in attention_students().items()
+                  for word in ("--student-record", f"{op}={path}")],
+        out=f"{RESULTS}/figures/attention_maps",
     threads: 1
     shell:
-        "{REPORT} attention --teacher-record {input.teacher} {params.students}"
-        " --data '{params.data}' --layers {params.layers} --images {params.images}"
-        " --out {RESULTS}/figures/attention_maps > {log} 2>&1"
+        "{REPORT} attention --teacher-record {input.teacher:q} {params.students:q}"
+        " --data {params.data:q} --layers {params.layers:q} --images {params.images:q}"
+        " --out {params.out:q} > {log:q} 2>&1"
 
 
 rule report:
@@ -111,7 +120,9 @@ rule report:
     log:
         f"{RESULTS}/logs/report.log",
     params:
-        bench=lambda wc, input: f"--bench-record {input.bench}" if input.bench else "",
+        # words, each quoted by {params.bench:q}
+        bench=lambda wc, input: ["--bench-record", *input.bench] if input.bench else [],
+        tables=f"{RESULTS}/tables",
     shell:
-        "{REPORT} report --grid {input.grid} --results {input.results} {params.bench}"
-        " --tables {RESULTS}/tables --figures {input.figures} --out {output} > {log} 2>&1"
+        "{REPORT} report --grid {input.grid:q} --results {input.results:q} {params.bench:q}"
+        " --tables {params.tables:q} --figures {input.figures:q} --out {output:q} > {log:q} 2>&1"
