@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -78,6 +79,10 @@ def test_rerun_replaces_only_what_linvit_wrote(tmp_path, capsys, teacher_file, m
     (out / "notes.txt").write_text("the user's")
     (out / "mine").mkdir()
     (out / "mine" / "data.bin").write_bytes(b"\x00\x01")
+    (tmp_path / "victim.txt").write_text("the user's")
+    marker = read_json(out / MARKER)                       # a marker edited to reach further
+    marker["files"] += ["../victim.txt", "notes.txt", "mine"]
+    (out / MARKER).write_text(json.dumps(marker))
     capsys.readouterr()
     before = snapshot(out)
     # another config without --rerun: refused, nothing touched
@@ -87,6 +92,7 @@ def test_rerun_replaces_only_what_linvit_wrote(tmp_path, capsys, teacher_file, m
     assert evaluate(out, teacher_file, mnist_root, "data.eval_batch_size=64", "--rerun") == 0
     assert (out / "notes.txt").read_text() == "the user's"
     assert (out / "mine" / "data.bin").read_bytes() == b"\x00\x01"
+    assert (tmp_path / "victim.txt").read_text() == "the user's"
     assert read_json(out / "metrics.json")["eval_samples"] == 256
     assert "eval_batch_size: 64" in (out / "config.yaml").read_text()
     assert sorted(read_json(out / MARKER)["files"]) == sorted(rundir.owned_names("evaluate"))

@@ -94,6 +94,9 @@ def owned_names(stage: str) -> list[str]:
     return [*COMMON, *outputs, *others]
 
 
+ALL_OWNED = {name for stage in STAGE_FILES for name in owned_names(stage)}
+
+
 def verified_metrics(path: str | Path) -> dict | None:
     """The metrics of a complete run in `path`, or None: complete means metrics.json is strict
     JSON and every output it lists is present and has the checksum written with it."""
@@ -131,6 +134,7 @@ class RunDir:
         self.finished = False            # complete, verified, and not to be replaced
         self._discard = False            # open() removes the previous run's files
         self._previous_files: list[str] = []
+        self._verified: tuple | None = None      # (mtime, size) of the checkpoint last verified
 
     def complete(self) -> bool:
         return verified_metrics(self.path) is not None
@@ -144,8 +148,8 @@ class RunDir:
             return
         problem = self._previous_run_problem()
         if problem is None:
-            self.finished = self.complete() and not self.replace
-            self._discard = self.replace and self.complete()
+            complete = self.complete()
+            self.finished, self._discard = complete and not self.replace, complete and self.replace
         elif self.replace and not problem.startswith("!"):
             self._discard = True
         else:
@@ -164,7 +168,8 @@ class RunDir:
             names, old_stage = list(owner["files"]), owner["stage"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             return f"!{self.path}: its {MARKER} or config.yaml is unreadable ({e}); move it away"
-        self._previous_files = names
+        # only names linvit itself writes: a marker edited to name '..' removes nothing else
+        self._previous_files = [n for n in names if n in ALL_OWNED]
         if old_stage != self.stage:
             return (f"{self.path} holds a {old_stage} run, not a {self.stage} run; use another "
                     "output folder, or --rerun to replace it")
@@ -184,11 +189,15 @@ class RunDir:
             return None
         from linvit.train.state import read_state
 
+        stat = self.checkpoint.stat()
+        if self._verified == (stat.st_mtime_ns, stat.st_size):   # checked before the lock
+            return None
         try:
             read_state(self.checkpoint)
         except CheckpointError as e:
             return (f"cannot resume: {e}. --rerun discards the checkpoint and starts over, or "
                     "delete the folder")
+        self._verified = (stat.st_mtime_ns, stat.st_size)
         return None
 
     def open(self, *notes: str) -> None:
