@@ -222,3 +222,37 @@ def test_leftover_temporaries_are_removed_and_permissions_are_consistent(tmp_pat
     users.unlink()
     modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
     assert modes == {name: file_mode() for name in modes}, modes
+
+
+def test_a_resume_may_change_threads_and_progress_but_not_results(interrupted, mnist_root):
+    """The workflow passes run.threads=<cores it was given>: an interrupted job resumed on
+    fewer cores must continue from its checkpoint, with and without --rerun."""
+    assert pretrain(interrupted, mnist_root, "run.threads=1", "--rerun") == 0
+    assert "resuming" in (interrupted / "run.log").read_text()
+    assert verified_metrics(interrupted)["epochs"] == 2
+
+
+@pytest.mark.parametrize("config_yaml", ["stage: x\nconfig: [1, 2]\n", "- a list\n",
+                                         "a: 1\na: 2\n", "{unclosed\n"])
+def test_a_run_folder_with_malformed_files_gets_one_line(config_yaml, tmp_path, teacher_file,
+                                                         mnist_root, capsys):
+    out = tmp_path / "run"
+    assert evaluate(out, teacher_file, mnist_root) == 0
+    (out / "config.yaml").write_text(config_yaml)
+    capsys.readouterr()
+    before = snapshot(out)
+    for rerun in ([], ["--rerun"]):
+        assert evaluate(out, teacher_file, mnist_root, *rerun) == 2
+        assert "unreadable" in one_error_line(capsys, "evaluate")
+    assert snapshot(out) == before
+    metrics = read_json(out / "metrics.json")
+    (out / "metrics.json").write_text(json.dumps({**metrics, "outputs": []}))
+    assert verified_metrics(out) is None
+
+
+def test_foreign_safetensors_with_a_format_key_load_unchecked(tmp_path):
+    """huggingface_hub writes {"format": "pt"} into every file: that is not a linvit file."""
+    from linvit.models import read_state_dict
+
+    save_file({"w": torch.ones(2)}, str(tmp_path / "hf.safetensors"), metadata={"format": "pt"})
+    assert torch.equal(read_state_dict(tmp_path / "hf.safetensors")["w"], torch.ones(2))

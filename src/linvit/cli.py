@@ -96,6 +96,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _check_device(cfg) -> None:
+    """run.device=cuda needs CUDA here, where the job runs (not in config validation: the
+    workflow builds every job's config on a submit host that may have no GPU)."""
+    from linvit.errors import ConfigError
+
+    if getattr(getattr(cfg, "run", None), "device", None) == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("run.device: cuda, but torch sees no CUDA device (use auto or cpu)")
+
+
 def _one_line(error: Exception) -> str:
     return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
@@ -114,6 +126,7 @@ def run_command(args) -> int:
         return 0
     cfg = load_config(STAGE_CONFIGS[CONFIG_OF.get(args.command, args.command)], args.config,
                       args.overrides)
+    _check_device(cfg)
     metrics = _resolve(STAGES[args.command][1])(cfg, args.out, replace=args.rerun)
     brief = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
     print(dumps(brief, indent=1))

@@ -62,7 +62,8 @@ def load_tensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, s
         raise CheckpointError(f"{path}: not a readable safetensors file, possibly truncated "
                               f"({e}); regenerate it") from None
     expected = meta.get(DIGEST_KEY)
-    if expected is None and (SPEC_KEY in meta or FORMAT_KEY in meta):
+    linvit_file = SPEC_KEY in meta or str(meta.get(FORMAT_KEY, "")).startswith("linvit-")
+    if expected is None and linvit_file:          # (huggingface writes format=pt: not ours)
         raise CheckpointError(f"{path}: a linvit file without a tensor checksum (written by an "
                               "older linvit, or edited); regenerate it")
     if expected is not None and tensor_digest(tensors) != expected:

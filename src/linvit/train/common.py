@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from torch import nn
 
@@ -57,6 +58,10 @@ def evaluate_init(model: nn.Module, loader, rt: Runtime, run: RunDir, num_classe
         return None
     result = evaluate(model, loader, rt, num_classes)
     result.pop("per_class_acc")
+    bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:                 # a diagnostic: kept as "not a number" (null), never as a value
+        log.warning("non-finite %s of the model as initialised: recorded as null", bad)
+        result = {k: (None if k in bad else v) for k, v in result.items()}
     if rt.is_main:
         write_json(path, result)
     return result

@@ -13,6 +13,7 @@ complete only when metrics.json is valid JSON and every output it lists is prese
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -22,8 +23,10 @@ import sys
 from pathlib import Path
 
 from linvit.errors import CheckpointError, RunDirError, RunFailed
-from linvit.io import (dumps, file_mode, load_yaml, read_json, remove_temporaries, sha256_file,
-                       write_json, write_text, write_yaml)
+import yaml
+
+from linvit.io import (dumps, file_mode, load_yaml, loads, read_json, remove_temporaries,
+                       sha256_file, write_json, write_text, write_yaml)
 
 MARKER = ".linvit-run"
 LOCK = ".linvit-lock"
@@ -106,6 +109,8 @@ def verified_metrics(path: str | Path) -> dict | None:
         files = metrics["outputs"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if not isinstance(files, dict):
+        return None
     for name, digest in files.items():
         target = path / name
         if digest is None:
@@ -135,6 +140,12 @@ class RunDir:
         self._discard = False            # open() removes the previous run's files
         self._previous_files: list[str] = []
         self._verified: tuple | None = None      # (mtime, size) of the checkpoint last verified
+
+    @property
+    def identity(self) -> dict:
+        """The config without the fields a resume may change (threads, progress, workers):
+        what a training checkpoint must match to be continued."""
+        return _identity(self.config)
 
     def complete(self) -> bool:
         return verified_metrics(self.path) is not None
@@ -166,8 +177,12 @@ class RunDir:
             owner = read_json(marker)
             old = load_yaml(self.config_file.read_text()) if self.config_file.is_file() else {}
             names, old_stage = list(owner["files"]), owner["stage"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            return f"!{self.path}: its {MARKER} or config.yaml is unreadable ({e}); move it away"
+            if not (isinstance(old, dict) and isinstance(old.get("config", {}), dict)
+                    and all(isinstance(n, str) for n in names)):
+                raise ValueError("unexpected structure")
+        except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
+            return (f"!{self.path}: its {MARKER} or config.yaml is unreadable "
+                    f"({' '.join(str(e).split())}); move the folder away")
         # only names linvit itself writes: a marker edited to name '..' removes nothing else
         self._previous_files = [n for n in names if n in ALL_OWNED]
         if old_stage != self.stage:
@@ -193,8 +208,10 @@ class RunDir:
         if self._verified == (stat.st_mtime_ns, stat.st_size):   # checked before the lock
             return None
         try:
-            read_state(self.checkpoint)
-        except CheckpointError as e:
+            _, meta = read_state(self.checkpoint)
+            if loads(meta["info"]) != loads(dumps(self.identity)):
+                raise CheckpointError(f"{self.checkpoint}: belongs to another run")
+        except (CheckpointError, KeyError, ValueError) as e:
             return (f"cannot resume: {e}. --rerun discards the checkpoint and starts over, or "
                     "delete the folder")
         self._verified = (stat.st_mtime_ns, stat.st_size)
@@ -235,8 +252,13 @@ class RunDir:
         fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, file_mode())
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as e:
             os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                # some cluster file systems (Lustre without flock, some NFS) have no locks
+                log.warning("%s: no lock on this file system (%s); nothing stops a second "
+                            "run into this folder", self.path, e)
+                return
             raise RunDirError(f"{self.path}: another linvit process is writing this folder; wait "
                               "for it or choose another output folder") from None
         _HELD[key] = fd

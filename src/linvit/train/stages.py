@@ -30,7 +30,7 @@ def run_pretrain(cfg: PretrainConfig, out, replace: bool = False) -> dict:
     objective = ClassificationObjective(model, cfg.optim.label_smoothing)
     history = fit(objective, model, train_loader, cfg.optim, run, rt,
                   evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
-                  eval_every=cfg.run.eval_every, identity=run.config)
+                  eval_every=cfg.run.eval_every, identity=run.identity)
     return finish_training(run, rt, model, history, {})
 
 
