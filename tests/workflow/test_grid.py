@@ -82,7 +82,7 @@ def test_each_distillation_gets_exactly_its_loss_design(tmp_path):
      f"datasets: 'x$(touch${{IFS}}MARKER)' is not an allowed name (names become folders and "
      f"command-line words; {NAME_RULE})"),
     ({"losses": {"out": {"attn_out_mse": 1.0}, "it's": {"attn_map_ce": 1.0}}},
-     f"losses: \"it's\" is not an allowed name"),
+     "losses: \"it's\" is not an allowed name"),
     ({"sizes": ["cpu96", "../cpu96"]}, "sizes: '../cpu96' is not an allowed name"),
     ({"strategies": ["random", "-rf"]}, "strategies: '-rf' is not an allowed name"),
     ({"dense": {"tasks": ["segment"], "operators": ["linear x"], "strategies": ["random"]}},
