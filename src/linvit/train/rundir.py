@@ -139,6 +139,7 @@ class RunDir:
         self.finished = False            # complete, verified, and not to be replaced
         self._discard = False            # open() removes the previous run's files
         self._previous_files: list[str] = []
+        self._complete = False                   # set by _previous_run_problem
         self._verified: tuple | None = None      # (mtime, size) of the checkpoint last verified
 
     @property
@@ -159,7 +160,7 @@ class RunDir:
             return
         problem = self._previous_run_problem()
         if problem is None:
-            complete = self.complete()
+            complete = self._complete
             self.finished, self._discard = complete and not self.replace, complete and self.replace
         elif self.replace and not problem.startswith("!"):
             self._discard = True
@@ -194,7 +195,8 @@ class RunDir:
             return (f"{self.path} holds a {old_stage} run with another config "
                     f"({'; '.join(changes[:5])}); use another output folder, or --rerun to "
                     "replace it")
-        if self.metrics.is_file() and not self.complete():
+        self._complete = self.metrics.is_file() and self.complete()   # hashes the outputs once
+        if self.metrics.is_file() and not self._complete:
             return (f"{self.path}: its finished run fails verification (an output is missing or "
                     "changed, or metrics.json is not valid); --rerun redoes it")
         return self._checkpoint_problem()
