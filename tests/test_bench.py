@@ -10,7 +10,8 @@ import torch
 from linvit.bench.measure import peak_bytes
 from linvit.bench.ratios import goals, slopes, speedups
 from linvit.cli import main
-from linvit.config import BenchConfig, load_config
+from linvit.bench.config import BenchConfig
+from linvit.config import load_config
 
 CPU = torch.device("cpu")
 MIB = 2**20

@@ -6,8 +6,9 @@ import re
 import pytest
 
 from linvit import cli
-from linvit.config import (ConfigError, DistillConfig, FinetuneConfig, PretrainConfig, load_config,
-                           parse_overrides)
+from linvit.config import ConfigError, load_config, parse_overrides
+from linvit.train.config import PretrainConfig
+from linvit.transfer.config import DistillConfig, FinetuneConfig
 
 
 @pytest.mark.parametrize("overrides, message", [

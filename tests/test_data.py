@@ -127,7 +127,8 @@ def test_cifar_reads_the_python_layout_and_refuses_code(tmp_path):
 def test_imagefolder_trains_with_timm_transforms(tmp_path):
     from PIL import Image
 
-    from linvit.config import PretrainConfig, load_config
+    from linvit.config import load_config
+    from linvit.train.config import PretrainConfig
     from linvit.train.stages import run_pretrain
 
     for split in ("train", "val"):

@@ -94,7 +94,8 @@ def test_backbone_adapts_a_28px_grey_checkpoint_to_64px_rgb(backbone_ckpt):
 
 
 def dense_cfg(task, root, ckpt, work, *extra):
-    from linvit.config import DenseConfig, load_config
+    from linvit.config import load_config
+    from linvit.dense.config import DenseConfig
 
     return load_config(DenseConfig, None, [
         f"checkpoint={ckpt}", f"data.root={root}", "data.batch_size=2", "optim.iters=2",

@@ -19,7 +19,9 @@ from safetensors.torch import save_file
 
 from linvit import cli
 from linvit.attention import OPERATORS
-from linvit.config import STAGE_CONFIGS, ConfigError, PretrainConfig, load_config
+from linvit.cli import STAGES, stage_config
+from linvit.config import ConfigError, load_config
+from linvit.train.config import PretrainConfig
 from linvit.io import dumps, load_yaml, loads
 from linvit.models import ModelSpec, create_vit, save_model
 
@@ -49,6 +51,7 @@ def float_fields(cls, prefix: str = ""):
             yield f"{prefix}{f.name}"
 
 
+STAGE_CONFIGS = {name: stage_config(name) for name in STAGES}
 FLOAT_CASES = sorted({(stage_cls.__name__, name) for stage_cls in set(STAGE_CONFIGS.values())
                       for name in float_fields(stage_cls)})
 CLASSES = {cls.__name__: cls for cls in STAGE_CONFIGS.values()}
@@ -241,7 +244,8 @@ def test_duplicate_yaml_keys_are_refused_at_any_depth():
 def test_a_partial_nested_override_keeps_the_fields_own_defaults(files):
     """DistillConfig's optim defaults to 1 epoch without warm-up; `optim.lr=...` must not turn
     it into OptimCfg's 10 epochs."""
-    from linvit.config import DistillConfig, ImportConfig
+    from linvit.train.config import ImportConfig
+    from linvit.transfer.config import DistillConfig
 
     cfg = load_config(DistillConfig, None, [f"teacher={files['dir']}/teacher.safetensors",
                                             "optim.lr=0.01"])

@@ -16,8 +16,8 @@ from linvit import cli
 from linvit.io import file_mode, read_json
 from linvit.models import ModelSpec, create_vit, save_model
 from linvit.report.record import make_record
-from linvit.train import rundir
-from linvit.train.rundir import LOCK, MARKER, verified_metrics
+from linvit.runs import rundir
+from linvit.runs.rundir import LOCK, MARKER, verified_metrics
 
 
 @pytest.fixture(scope="module")

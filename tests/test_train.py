@@ -10,7 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from linvit.config import FinetuneConfig, PretrainConfig, load_config
+from linvit.config import load_config
+from linvit.train.config import PretrainConfig
+from linvit.transfer.config import FinetuneConfig
 from linvit.errors import RunDirError
 from linvit.io import read_jsonl
 from linvit.train import trainer

@@ -8,30 +8,41 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NamedTuple
 
+class Stage(NamedTuple):
+    help: str
+    entry: str          # "module:function", called as function(cfg, out, replace=...)
+    config: str         # "module:Class", the stage's config dataclass
+
+
+# The one table of stages: the parser, `stage_config` and the workflow's code-dependency map
+# (linvit.deps) all read it.
 STAGES = {
-    "pretrain": ("train a model from scratch (the softmax teacher, or any operator)",
-                 "linvit.train.stages:run_pretrain"),
-    "import-teacher": ("turn timm ViT weights (local file or timm cache) into a linvit teacher",
-                       "linvit.train.stages:run_import"),
-    "distill": ("layer-wise attention distillation from a softmax teacher",
-                "linvit.transfer.stages:run_distill"),
-    "init": ("build a student with an init strategy and write it with its copied.json",
-             "linvit.transfer.stages:run_init"),
-    "finetune": ("initialise a student with an init strategy, then fine-tune it",
-                 "linvit.transfer.stages:run_finetune"),
-    "evaluate": ("evaluate a checkpoint on a dataset's test split",
-                 "linvit.train.stages:run_evaluate"),
-    "make-scenes": ("compose the embedded dense dataset from Fashion-MNIST sprites",
-                    "linvit.dense.scenes:run_make_scenes"),
-    "segment": ("UperNet semantic segmentation (mmseg) on a linvit backbone",
-                "linvit.dense.stages:run_segment"),
-    "detect": ("Mask R-CNN instance segmentation (mmdet) on a linvit backbone",
-               "linvit.dense.stages:run_detect"),
-    "bench": ("time and peak memory of every operator against tokens, and of whole models "
-              "against resolution; prints the ratio table", "linvit.bench.stage:run_bench"),
+    "pretrain": Stage("train a model from scratch (the softmax teacher, or any operator)",
+                      "linvit.train.stages:run_pretrain", "linvit.train.config:PretrainConfig"),
+    "import-teacher": Stage("turn timm ViT weights (local file or timm cache) into a linvit "
+                            "teacher", "linvit.train.stages:run_import",
+                            "linvit.train.config:ImportConfig"),
+    "distill": Stage("layer-wise attention distillation from a softmax teacher",
+                     "linvit.transfer.stages:run_distill", "linvit.transfer.config:DistillConfig"),
+    "init": Stage("build a student with an init strategy and write it with its copied.json",
+                  "linvit.transfer.stages:run_init", "linvit.transfer.config:FinetuneConfig"),
+    "finetune": Stage("initialise a student with an init strategy, then fine-tune it",
+                      "linvit.transfer.stages:run_finetune",
+                      "linvit.transfer.config:FinetuneConfig"),
+    "evaluate": Stage("evaluate a checkpoint on a dataset's test split",
+                      "linvit.train.stages:run_evaluate", "linvit.train.config:EvaluateConfig"),
+    "make-scenes": Stage("compose the embedded dense dataset from Fashion-MNIST sprites",
+                         "linvit.dense.scenes:run_make_scenes", "linvit.dense.config:ScenesConfig"),
+    "segment": Stage("UperNet semantic segmentation (mmseg) on a linvit backbone",
+                     "linvit.dense.stages:run_segment", "linvit.dense.config:DenseConfig"),
+    "detect": Stage("Mask R-CNN instance segmentation (mmdet) on a linvit backbone",
+                    "linvit.dense.stages:run_detect", "linvit.dense.config:DenseConfig"),
+    "bench": Stage("time and peak memory of every operator against tokens, and of whole models "
+                   "against resolution; prints the ratio table", "linvit.bench.stage:run_bench",
+                   "linvit.bench.config:BenchConfig"),
 }
-CONFIG_OF = {"init": "finetune"}
 
 
 def _resolve(target: str):
@@ -43,14 +54,19 @@ def _resolve(target: str):
     return getattr(importlib.import_module(module), name)
 
 
+def stage_config(name: str) -> type:
+    """The config dataclass of the CLI stage `name`."""
+    return _resolve(STAGES[name].config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="linvit", description=__doc__.split("\n")[0])
     parser.add_argument("--nproc", type=int, default=1,
                         help="processes (GPUs) for data-parallel training; >1 relaunches "
                              "this command under torch.distributed.run")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (help_text, _) in STAGES.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    for name, stage in STAGES.items():
+        p = sub.add_parser(name, help=stage.help, description=stage.help)
         p.add_argument("-c", "--config", help="YAML config (fields as in linvit.config)")
         p.add_argument("-o", "--out", required=True, help="output folder of this run")
         p.add_argument("--rerun", action="store_true",
@@ -113,9 +129,9 @@ def _one_line(error: Exception) -> str:
 
 
 def run_command(args) -> int:
-    from linvit.config import STAGE_CONFIGS, load_config
+    from linvit.config import load_config
     from linvit.io import dumps
-    from linvit.train.rundir import check_output_path
+    from linvit.runs.rundir import check_output_path
 
     if args.command == "list":
         print_registries()
@@ -124,10 +140,9 @@ def run_command(args) -> int:
     if args.command == "demo":
         _resolve("linvit.demo:run_demo")(args.out, args.operator, args.overrides)
         return 0
-    cfg = load_config(STAGE_CONFIGS[CONFIG_OF.get(args.command, args.command)], args.config,
-                      args.overrides)
+    cfg = load_config(stage_config(args.command), args.config, args.overrides)
     _check_device(cfg)
-    metrics = _resolve(STAGES[args.command][1])(cfg, args.out, replace=args.rerun)
+    metrics = _resolve(STAGES[args.command].entry)(cfg, args.out, replace=args.rerun)
     brief = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
     print(dumps(brief, indent=1))
     return 0

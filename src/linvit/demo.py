@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from linvit.config import DistillConfig, FinetuneConfig, PretrainConfig, load_config
+from linvit.config import load_config
+from linvit.train.config import PretrainConfig
+from linvit.transfer.config import DistillConfig, FinetuneConfig
 from linvit.io import write_text
 from linvit.train.stages import run_pretrain
 from linvit.transfer.stages import run_distill, run_finetune

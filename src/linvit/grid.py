@@ -272,7 +272,8 @@ def check_config(config: dict, existing_file: str) -> None:
     """Names, registries, cross-references and every job's resolved linvit config, before any job
     runs: each job's exact overrides are built into its stage's config (the paper grid's ~400
     jobs take about a second)."""
-    from linvit.config import STAGE_CONFIGS, ConfigError, load_config
+    from linvit.cli import stage_config
+    from linvit.config import ConfigError, load_config
 
     check_names(config)
     _check_registries(config)
@@ -284,7 +285,7 @@ def check_config(config: dict, existing_file: str) -> None:
     for field, where, args in jobs:
         stage, _, _, _, *overrides = shlex.split(args)     # <stage> -o <dir> --rerun k=v ...
         try:
-            load_config(STAGE_CONFIGS[stage], None, overrides)
+            load_config(stage_config(stage), None, overrides)
         except ConfigError as e:
             raise ConfigError(f"{field} (job {where}): {e}") from None
 

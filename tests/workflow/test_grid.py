@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from linvit import deps, grid
-from linvit.config import ConfigError, FinetuneConfig, load_config
+from linvit.config import ConfigError, load_config
+from linvit.transfer.config import FinetuneConfig
 from linvit.report.collect import results_frame
 from linvit.report.document import claims_table
 from linvit.report.tables import format_cell, main_table, summarize, to_latex, to_markdown
@@ -61,7 +62,7 @@ NAME_RULE = f"allowed: {grid.NAME_PATTERN}"
 
 def test_each_distillation_gets_exactly_its_loss_design(tmp_path):
     """A loss design's weights replace the stage default, never add to it."""
-    from linvit.config import DistillConfig
+    from linvit.transfer.config import DistillConfig
     config, teacher = default_config(), str(ROOT / "Snakefile")
     for design, weights in config["losses"].items():
         words = shlex.split(grid.distill_args(config, "fashion_mnist", "cpu96", "linear", design,

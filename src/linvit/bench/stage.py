@@ -18,9 +18,10 @@ from linvit.bench.measure import keep_freed_memory
 from linvit.bench.models import sweep_models
 from linvit.bench.operators import sweep_operators
 from linvit.bench.ratios import goals, markdown
-from linvit.config import BenchConfig, ConfigError, to_dict
-from linvit.io import read_json, write_atomic, write_text
-from linvit.train.rundir import RunDir
+from linvit.bench.config import BenchConfig
+from linvit.config import ConfigError
+from linvit.io import write_atomic, write_text
+from linvit.runs.stage import completed_metrics, prepare_run
 
 log = logging.getLogger("linvit")
 
@@ -41,11 +42,9 @@ def write_csv(rows: list[dict], path: Path) -> pd.DataFrame:
 
 def run_bench(cfg: BenchConfig, out, replace: bool = False) -> dict:
     device = bench_device(cfg.run.device)
-    run = RunDir(out, "bench", to_dict(cfg), replace=replace)
-    run.check()
+    run = prepare_run(cfg, out, "bench", replace)
     if run.finished:
-        log.info("%s is complete already; nothing to do", run.path)
-        return read_json(run.metrics)
+        return completed_metrics(run)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)

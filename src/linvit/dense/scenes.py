@@ -191,11 +191,9 @@ def run_make_scenes(cfg, out, replace: bool = False) -> dict:
     """`linvit make-scenes`: sprites from Fashion-MNIST's train and test splits."""
     from linvit.config import to_dict
     from linvit.data import get_dataset
-    from linvit.train.common import completed_metrics
-    from linvit.train.rundir import RunDir
+    from linvit.runs.stage import completed_metrics, prepare_run
 
-    run = RunDir(out, "make-scenes", to_dict(cfg), replace=replace)
-    run.check()
+    run = prepare_run(cfg, out, "make-scenes", replace)
     if run.finished:
         return completed_metrics(run)
     ds = get_dataset("fashion_mnist")

@@ -8,10 +8,10 @@ import logging
 import time
 from pathlib import Path
 
-from linvit.config import ConfigError, DenseConfig, to_dict
-from linvit.train.common import completed_metrics
-from linvit.train.rundir import RunDir
-from linvit.train.runtime import seed_everything, setup_runtime
+from linvit.config import ConfigError
+from linvit.dense.config import DenseConfig
+from linvit.runs.runtime import seed_everything, setup_runtime
+from linvit.runs.stage import completed_metrics, prepare_run
 
 log = logging.getLogger("linvit")
 
@@ -29,8 +29,7 @@ def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
 
     if cfg.data.kind != "scenes" and (cfg.data.kind == "coco") != (task == "detect"):
         raise ConfigError(f"data.kind: {cfg.data.kind!r} does not fit {task}")
-    run = RunDir(out, task, to_dict(cfg), replace=replace)
-    run.check()
+    run = prepare_run(cfg, out, task, replace)
     if run.finished:
         return completed_metrics(run)
     rt = setup_runtime(cfg.run)

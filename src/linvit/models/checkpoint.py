@@ -24,7 +24,7 @@ from linvit.models.vit import ModelSpec, create_vit, set_token_layout
 
 SPEC_KEY = "linvit_spec"
 DIGEST_KEY = "linvit_tensors_sha256"
-FORMAT_KEY = "format"                 # training checkpoints (linvit.train.state) set it
+FORMAT_KEY = "format"                 # training checkpoints (linvit.runs.state) set it
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 # Wrappers that training scripts (DeiT, MAE, timm's train.py, Lightning) put around a state dict.
 WRAPPER_KEYS = ("model", "state_dict", "model_ema", "state_dict_ema", "module")

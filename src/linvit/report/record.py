@@ -11,14 +11,14 @@ from pathlib import Path
 import yaml
 
 from linvit.io import loads, read_json, write_json
-from linvit.train.rundir import verified_metrics
+from linvit.runs.rundir import verified_metrics
 
 LOG_TAIL_LINES = 30
 
 
 def make_record(kind: str, key: dict, run_dir: str | Path, exit_status: int,
                 log: str | Path | None = None) -> dict:
-    """"ok" only for a run that exited 0 and whose outputs verify (linvit.train.rundir)."""
+    """"ok" only for a run that exited 0 and whose outputs verify (linvit.runs.rundir)."""
     run_dir = Path(run_dir)
     record = {"kind": kind, "key": key, "run_dir": str(run_dir), "exit_status": exit_status}
     metrics = verified_metrics(run_dir) if exit_status == 0 else None

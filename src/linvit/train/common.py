@@ -1,4 +1,5 @@
-"""Pieces every training stage shares: loaders from a DataCfg, starting a run, finishing one."""
+"""Pieces every training stage shares: loaders from a DataCfg, the accuracy as initialised,
+finishing a run."""
 from __future__ import annotations
 
 import logging
@@ -6,14 +7,13 @@ import math
 
 from torch import nn
 
-from linvit.config import to_dict
-from linvit.errors import ConfigError
 from linvit.data import get_dataset
+from linvit.errors import ConfigError
 from linvit.io import read_json, write_json
 from linvit.models import save_model
+from linvit.runs.rundir import RunDir
+from linvit.runs.runtime import Runtime
 from linvit.train.loop import evaluate
-from linvit.train.rundir import RunDir
-from linvit.train.runtime import Runtime, seed_everything, setup_runtime
 
 log = logging.getLogger("linvit")
 
@@ -34,18 +34,6 @@ def make_loaders(data_cfg, rt: Runtime):
     train.summary = test.summary = (f"data {data_cfg.dataset}: {train.num_samples} train / "
                                     f"{test.num_samples} test samples, {info.num_classes} classes")
     return info, train, test
-
-
-def start_run(cfg, out, stage: str, replace: bool = False) -> tuple[Runtime, RunDir]:
-    """Runtime and run folder; the folder is checked here but written only by `run.open()`, once
-    the inputs (data, checkpoints) have been found, so bad input leaves nothing behind. Every
-    process checks the same folder and so reaches the same decision; only the main one writes."""
-    run = RunDir(out, stage, to_dict(cfg), replace=replace)
-    run.check()
-    rt = setup_runtime(cfg.run)
-    seed_everything(cfg.run.seed)
-    run.is_main, run.barrier = rt.is_main, rt.barrier
-    return rt, run
 
 
 def evaluate_init(model: nn.Module, loader, rt: Runtime, run: RunDir, num_classes: int,
@@ -84,8 +72,3 @@ def finish_training(run: RunDir, rt: Runtime, model: nn.Module, history: list[di
         metrics = run.finish(metrics)
     rt.barrier()
     return metrics
-
-
-def completed_metrics(run: RunDir) -> dict:
-    log.info("%s is complete already; nothing to do", run.path)
-    return read_json(run.metrics)

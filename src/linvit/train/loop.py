@@ -15,7 +15,7 @@ from torch import nn
 from tqdm import tqdm
 
 from linvit.errors import RunFailed
-from linvit.train.runtime import Runtime
+from linvit.runs.runtime import Runtime
 
 
 def progress(iterable, rt: Runtime, total: int, desc: str):

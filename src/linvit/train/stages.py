@@ -1,18 +1,19 @@
 """Stage entry points that train or evaluate a classifier from scratch: pretrain, evaluate, import.
 
 Each takes a validated config and an output folder and leaves config.yaml, run.log, train.jsonl,
-model.safetensors and metrics.json there (see linvit.train.rundir).
+model.safetensors and metrics.json there (see linvit.runs.rundir).
 """
 from __future__ import annotations
 
 import logging
 
-from linvit.config import ConfigError, EvaluateConfig, ImportConfig, PretrainConfig, to_dict
+from linvit.config import ConfigError
+from linvit.train.config import EvaluateConfig, ImportConfig, PretrainConfig
 from linvit.models import ModelSpec, create_vit, load_model, save_model
-from linvit.train.common import completed_metrics, finish_training, make_loaders, start_run
+from linvit.runs.stage import completed_metrics, prepare_run, start_run
+from linvit.train.common import finish_training, make_loaders
 from linvit.train.loop import evaluate
 from linvit.train.objectives import ClassificationObjective
-from linvit.train.rundir import RunDir
 from linvit.train.trainer import fit
 
 log = logging.getLogger("linvit")
@@ -55,8 +56,7 @@ def run_import(cfg: ImportConfig, out, replace: bool = False) -> dict:
     from linvit.data import get_dataset
     from linvit.models.checkpoint import import_timm_weights
 
-    run = RunDir(out, "import-teacher", to_dict(cfg), replace=replace)
-    run.check()
+    run = prepare_run(cfg, out, "import-teacher", replace)
     if run.finished:
         return completed_metrics(run)
     info = get_dataset(cfg.data.dataset).info(cfg.data.root, cfg.data.img_size)

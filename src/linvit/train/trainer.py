@@ -15,9 +15,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from linvit.errors import RunFailed
 from linvit.train.loop import train_one_epoch
-from linvit.train.rundir import RunDir
-from linvit.train.runtime import Runtime, epoch_seed
-from linvit.train.state import load_state, save_state
+from linvit.runs.rundir import RunDir
+from linvit.runs.runtime import Runtime, epoch_seed
+from linvit.runs.state import load_state, save_state
 
 log = logging.getLogger("linvit")
 

@@ -1,6 +1,6 @@
 """Stage entry points of the transfer: `linvit distill`, `linvit init`, `linvit finetune`.
 
-Every output folder holds the common run files (see linvit.train.rundir). init and finetune add
+Every output folder holds the common run files (see linvit.runs.rundir). init and finetune add
     copied.json         the init record: every student tensor's group and source (checked)
 distill adds
     student_init.json   which tensors the distillation student took from the teacher
@@ -14,11 +14,12 @@ import logging
 
 import torch
 
-from linvit.config import ConfigError, DistillConfig, FinetuneConfig
+from linvit.config import ConfigError
+from linvit.transfer.config import DistillConfig, FinetuneConfig
 from linvit.io import write_json
 from linvit.models import ModelSpec, create_vit, load_model, read_spec, read_state_dict, save_model
-from linvit.train.common import (completed_metrics, evaluate_init, finish_training, make_loaders,
-                                 start_run)
+from linvit.runs.stage import completed_metrics, start_run
+from linvit.train.common import evaluate_init, finish_training, make_loaders
 from linvit.train.loop import evaluate
 from linvit.train.objectives import ClassificationObjective
 from linvit.train.trainer import fit
@@ -26,6 +27,7 @@ from linvit.transfer.distill import (DistillObjective, GradCensus, freeze_except
                                      teacher_forced_errors)
 from linvit.transfer.groups import GROUPS
 from linvit.transfer.init import apply_init
+from linvit.transfer.kd import LogitKDObjective
 from linvit.transfer.strategies import InitStrategy
 
 log = logging.getLogger("linvit")
@@ -150,8 +152,11 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
         write_json(run.path / "copied.json", record)
     model.to(rt.device)
     teacher = teacher.to(rt.device) if teacher is not None else None
-    objective = ClassificationObjective(model, cfg.optim.label_smoothing, teacher,
-                                        cfg.kd.weight, cfg.kd.temperature)
+    if teacher is None:
+        objective = ClassificationObjective(model, cfg.optim.label_smoothing)
+    else:
+        objective = LogitKDObjective(model, cfg.optim.label_smoothing, teacher, cfg.kd.weight,
+                                     cfg.kd.temperature)
     init_eval = evaluate_init(model, test_loader, rt, run, info.num_classes,
                               cfg.run.eval_every > 0 and not run.checkpoint.is_file())
     history = fit(objective, model, train_loader, cfg.optim, run, rt,

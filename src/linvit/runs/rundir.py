@@ -204,7 +204,7 @@ class RunDir:
     def _checkpoint_problem(self) -> str | None:
         if not self.checkpoint.is_file():
             return None
-        from linvit.train.state import read_state
+        from linvit.runs.state import read_state
 
         stat = self.checkpoint.stat()
         if self._verified == (stat.st_mtime_ns, stat.st_size):   # checked before the lock

@@ -1,0 +1,64 @@
+"""Config of `linvit bench`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from linvit.attention import OPERATORS
+from linvit.config import ConfigError, RunCfg, one_of, positive
+from linvit.models import SIZES
+
+
+@dataclass
+class BenchModelsCfg:
+    sizes: list[str] = field(default_factory=lambda: ["deit_t", "deit_s"])
+    resolutions: list[int] = field(default_factory=lambda: [224, 384, 512, 768, 1024])
+    operators: list[str] = field(default_factory=lambda: list(OPERATORS))
+    batch: int = 1
+    min_run_time: float = 0.5          # seconds of timed calls per point
+
+    def validate(self, p: str) -> None:
+        for i, s in enumerate(self.sizes):
+            one_of(f"{p}.sizes[{i}]", s, SIZES)
+        for i, o in enumerate(self.operators):
+            one_of(f"{p}.operators[{i}]", o, OPERATORS)
+        for i, r in enumerate(self.resolutions):
+            bad = [s for s in self.sizes if r <= 0 or r % SIZES[s].patch_size]
+            if bad:
+                raise ConfigError(f"{p}.resolutions[{i}]: {r} is not a positive multiple of "
+                                  f"{bad[0]}'s patch size {SIZES[bad[0]].patch_size}")
+        positive(f"{p}.batch", self.batch)
+        positive(f"{p}.min_run_time", self.min_run_time)
+
+
+@dataclass
+class BenchConfig:
+    """`linvit bench`: operator scaling against tokens, model throughput against resolution.
+    run.device picks the device, run.threads the CPU threads; run.amp is not used (float32)."""
+    operators: list[str] = field(default_factory=lambda: list(OPERATORS))
+    tokens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
+    softmax_max_tokens: int = 4096     # SDPA on a CPU: ~1 s at 4096, ~14 s at 16384
+    reference_max_tokens: int = 16384
+    batch: int = 1
+    heads: int = 6
+    head_dim: int = 64
+    min_run_time: float = 1.0          # seconds of timed calls per point
+    tf32: bool = False                 # CUDA: let float32 matmuls (torch's and Triton's) use TF32
+    goal_tokens: int = 4096            # the goals: speedup over softmax at this N, ...
+    goal_speedup: float = 30.0
+    goal_slope: float = 1.1            # ... memory log-log slope over `tokens`, ...
+    goal_kernel_speedup: float = 2.0   # ... and (GPU) Triton over the PyTorch reference
+    models: BenchModelsCfg | None = field(default_factory=BenchModelsCfg)  # null: skip
+    run: RunCfg = field(default_factory=RunCfg)
+
+    def validate(self, p: str) -> None:
+        for i, o in enumerate(self.operators):
+            one_of(f"operators[{i}]", o, OPERATORS)
+        if "softmax" not in self.operators:
+            raise ConfigError("operators: must include softmax (every ratio is against it)")
+        for i, n in enumerate(self.tokens):
+            if n <= 0 or int(n ** 0.5) ** 2 != n:
+                raise ConfigError(f"tokens[{i}]: {n} is not a positive square (a patch grid)")
+        for name in ("softmax_max_tokens", "reference_max_tokens", "batch", "heads", "head_dim",
+                     "min_run_time", "goal_tokens", "goal_speedup", "goal_slope",
+                     "goal_kernel_speedup"):
+            positive(name, getattr(self, name))

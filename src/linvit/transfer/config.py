@@ -1,0 +1,116 @@
+"""Configs of `linvit distill`, `linvit init` and `linvit finetune`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from linvit.config import ConfigError, DataCfg, ModelCfg, OptimCfg, RunCfg, check_spec, existing_file, image_size, one_of, positive
+from linvit.models import SIZES, ModelSpec
+from linvit.transfer.groups import GROUPS
+from linvit.transfer.losses import LOSSES
+from linvit.transfer.strategies import STRATEGIES
+
+
+def check_student(cfg) -> None:
+    """With model.size given, the student must be buildable on this data. The checks that need
+    the teacher's own spec (size, classes, depth) run in the stage, before its first write."""
+
+    if cfg.model.size is not None:
+        check_spec("model", ModelSpec(cfg.model.size, cfg.model.operator, 1,
+                                       image_size("data", cfg.data), 1,
+                                       cfg.model.operator_options, cfg.model.drop_path))
+
+
+@dataclass
+class DistillCfg:
+    losses: dict[str, float] = field(default_factory=lambda: {"attn_out_mse": 1.0})
+    layers: list[int] | None = None   # None: every block
+    train: list[str] = field(default_factory=lambda: ["attn"])   # groups that learn
+    attn_init: Literal["random", "teacher"] = "random"   # student attention before distilling
+    temperature: float = 1.0          # logit_kd only
+
+    def validate(self, p: str) -> None:
+        if not self.losses or not any(self.losses.values()):
+            raise ConfigError(f"{p}.losses: give at least one loss with a non-zero weight "
+                              f"(allowed: {', '.join(LOSSES)})")
+        for name, w in self.losses.items():
+            one_of(f"{p}.losses", name, LOSSES)
+            positive(f"{p}.losses.{name}", w, allow_zero=True)
+        for g in self.train:
+            one_of(f"{p}.train", g, GROUPS)
+        if not self.train:
+            raise ConfigError(f"{p}.train: name at least one group to train")
+        positive(f"{p}.temperature", self.temperature)
+
+
+@dataclass
+class InitCfg:
+    strategy: str = "copy_mlp+distill"
+    copy: list[str] | None = None         # override the strategy's copied groups
+    distilled: list[str] | None = None    # override the strategy's distilled groups
+
+    def validate(self, p: str) -> None:
+        one_of(f"{p}.strategy", self.strategy, STRATEGIES)
+        for name in ("copy", "distilled"):
+            for g in getattr(self, name) or []:
+                one_of(f"{p}.{name}", g, GROUPS)
+
+    def resolve(self):
+        return STRATEGIES[self.strategy].with_groups(self.copy, self.distilled)
+
+
+@dataclass
+class KDCfg:
+    weight: float = 0.0               # share of the loss given to logit KD from the teacher
+    temperature: float = 1.0
+
+    def validate(self, p: str) -> None:
+        if not 0 <= self.weight <= 1:
+            raise ConfigError(f"{p}.weight: must be in [0, 1], got {self.weight}")
+        positive(f"{p}.temperature", self.temperature)
+
+
+@dataclass
+class DistillConfig:
+    teacher: str | None = None
+    model: ModelCfg = field(default_factory=lambda: ModelCfg(size=None, operator="linear"))
+    data: DataCfg = field(default_factory=DataCfg)
+    optim: OptimCfg = field(default_factory=lambda: OptimCfg(epochs=1, warmup_epochs=0,
+                                                             weight_decay=0.0))
+    distill: DistillCfg = field(default_factory=DistillCfg)
+    run: RunCfg = field(default_factory=RunCfg)
+
+    def validate(self, p: str) -> None:
+        if self.teacher is None:
+            raise ConfigError("teacher: required (a softmax teacher's model.safetensors)")
+        existing_file("teacher", self.teacher)
+        check_student(self)
+        if self.model.size is not None:
+            depth = SIZES[self.model.size].depth
+            bad = [l for l in self.distill.layers or [] if not 0 <= l < depth]
+            if bad:
+                raise ConfigError(f"distill.layers: {bad} outside 0..{depth - 1} "
+                                  f"({self.model.size} has {depth} blocks)")
+
+
+@dataclass
+class FinetuneConfig:
+    teacher: str | None = None
+    distilled: str | None = None
+    init: InitCfg = field(default_factory=InitCfg)
+    model: ModelCfg = field(default_factory=lambda: ModelCfg(size=None, operator="linear"))
+    data: DataCfg = field(default_factory=DataCfg)
+    optim: OptimCfg = field(default_factory=OptimCfg)
+    kd: KDCfg = field(default_factory=KDCfg)
+    run: RunCfg = field(default_factory=RunCfg)
+
+    def validate(self, p: str) -> None:
+        if self.teacher is None:
+            raise ConfigError("teacher: required (the softmax teacher's model.safetensors; "
+                              "strategy 'random' uses it for the model shape)")
+        existing_file("teacher", self.teacher)
+        existing_file("distilled", self.distilled)
+        check_student(self)
+        if self.init.resolve().needs_distilled and self.distilled is None:
+            raise ConfigError(f"distilled: strategy {self.init.strategy!r} needs a distilled "
+                              "student (the output of `linvit distill`)")
