@@ -16,22 +16,21 @@ from pathlib import Path
 PACKAGE_ROOT = Path(__file__).resolve().parent          # src/linvit
 SRC_ROOT = PACKAGE_ROOT.parent                           # src
 
-# Entry modules of each stage (cli.py dispatches by string, so stages are named explicitly).
-STAGE_ENTRIES = {
-    "pretrain": ["linvit.cli", "linvit.train.stages"],
-    "distill": ["linvit.cli", "linvit.transfer.stages"],
-    "finetune": ["linvit.cli", "linvit.transfer.stages"],
-    "evaluate": ["linvit.cli", "linvit.train.stages"],
-    "scenes": ["linvit.cli", "linvit.dense.scenes"],
-    "dense": ["linvit.cli", "linvit.dense.stages"],
-    "dense_report": ["linvit.report.cli", "linvit.report.dense"],
-    "collect": ["linvit.report.cli", "linvit.report.collect"],
-    "tables": ["linvit.report.cli", "linvit.report.tables"],
-    "figures": ["linvit.report.cli", "linvit.report.figures"],
-    "attention_figure": ["linvit.report.cli", "linvit.report.attention_maps"],
-    "report": ["linvit.report.cli", "linvit.report.document"],
-    "bench": ["linvit.cli", "linvit.bench.stage"],
-}
+def stage_entries() -> dict[str, list[str]]:
+    """Entry modules of every job kind: each CLI stage (cli.STAGES: the CLI, the stage's module
+    and its config's module) and each reporting step (report.cli.COMMANDS). cli.py dispatches
+    by string, so its stages are read from its table rather than from its imports."""
+    from linvit import cli
+    from linvit.report import cli as report_cli
+
+    entries = {name: ["linvit.cli", stage.entry.split(":")[0], stage.config.split(":")[0]]
+               for name, stage in cli.STAGES.items()}
+    clash = set(entries) & set(report_cli.COMMANDS)
+    if clash:
+        raise ValueError(f"{sorted(clash)} name both a CLI stage and a reporting step")
+    entries.update({step: ["linvit.report.cli", module]
+                    for step, module in report_cli.COMMANDS.items()})
+    return entries
 
 
 def module_file(name: str) -> Path | None:
@@ -112,9 +111,10 @@ def registry_members() -> dict[str, dict[str, Path]]:
 
 def stage_sources(stage: str, operators=(), losses=(), datasets=()) -> list[Path]:
     """Source files a job of `stage` runs, for the registry entries it selects."""
-    if stage not in STAGE_ENTRIES:
-        raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(STAGE_ENTRIES)}")
-    files = closure(STAGE_ENTRIES[stage])
+    entries = stage_entries()
+    if stage not in entries:
+        raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(entries)}")
+    files = closure(entries[stage])
     selected = {"operator": set(operators), "loss": set(losses), "dataset": set(datasets)}
     for kind, members in registry_members().items():
         for name, path in members.items():

@@ -14,7 +14,8 @@ from linvit.config import ConfigError, load_config
 from linvit.transfer.config import FinetuneConfig
 from linvit.report.collect import results_frame
 from linvit.report.document import claims_table
-from linvit.report.tables import format_cell, main_table, summarize, to_latex, to_markdown
+from linvit.render.tables import summarize, to_latex, to_markdown
+from linvit.report.tables import format_cell, main_table
 
 ROOT = Path(__file__).resolve().parents[2]
 

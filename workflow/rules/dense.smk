@@ -16,7 +16,7 @@ def backbone_dir(wc):
 
 rule scenes:
     input:
-        code=code("scenes", [], [], ["fashion_mnist"]),
+        code=code("make-scenes", [], [], ["fashion_mnist"]),
     output:
         f"{SCENES}/MANIFEST.json",
     log:
@@ -31,7 +31,7 @@ rule dense_job:
     input:
         backbone=lambda wc: f"{backbone_dir(wc)}/record.json",
         scenes=f"{SCENES}/MANIFEST.json",
-        code=lambda wc: code("dense", ["softmax", dense_job(wc).key()["operator"]], [],
+        code=lambda wc: code(wc.task, ["softmax", dense_job(wc).key()["operator"]], [],
                              [config["datasets"][wc.dataset]["dataset"]]),
     output:
         record=f"{RESULTS}/dense/{{task}}/{{dataset}}/{{size}}/{{backbone}}/record.json",
@@ -75,7 +75,7 @@ rule dense:
     input:
         grid=f"{RESULTS}/grid.json",
         results=f"{RESULTS}/dense/results.csv",
-        code=code("dense_report"),
+        code=code("dense"),
     output:
         f"{RESULTS}/dense.md",
         expand(f"{RESULTS}/tables/dense.{{ext}}", ext=["csv", "md", "tex"]),

@@ -84,7 +84,7 @@ rule attention_figure:
     input:
         teacher=f"{grid.teacher_dir(RESULTS, *FIRST)}/record.json",
         students=list(attention_students().values()),
-        code=code("attention_figure", ["softmax", *attention_students()], [], [FIRST[0]]),
+        code=code("attention", ["softmax", *attention_students()], [], [FIRST[0]]),
     output:
         f"{RESULTS}/figures/attention_maps.png",
         f"{RESULTS}/figures/attention_maps.pdf",

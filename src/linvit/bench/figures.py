@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from linvit.report.plotting import new_figure, plt, save
+from linvit.render.plotting import new_figure, plt, save
 
 
 def _line_style(operator: str, backend: str, part: str, colour) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from linvit.report.tables import to_markdown
+from linvit.render.tables import to_markdown
 
 FAST_BACKEND = {"cpu": "torch", "cuda": "triton"}
 KEYS = ["operator", "backend", "part"]

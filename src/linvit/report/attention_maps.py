@@ -12,7 +12,7 @@ import torch
 
 from linvit.data import get_dataset
 from linvit.models import load_model
-from linvit.report.plotting import plt, save
+from linvit.render.plotting import plt, save
 
 
 @torch.no_grad()

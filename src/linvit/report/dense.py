@@ -11,13 +11,13 @@ from pathlib import Path
 import pandas as pd
 
 from linvit.io import write_text
-from linvit.report.plotting import new_figure, save
-from linvit.report.tables import CAPTIONS, summarize, to_latex, to_markdown
+from linvit.render.plotting import new_figure, save
+from linvit.render.tables import mean_ci, rank, to_markdown, write_table
 
 COLUMNS = [("segment", "mIoU"), ("segment", "aAcc"), ("detect", "box_AP"),
            ("detect", "mask_AP")]
-CAPTIONS["dense"] = ("Dense tasks on the embedded scenes: UperNet mIoU / aAcc and Mask R-CNN box "
-                     "/ mask AP (%) by backbone")
+CAPTION = ("Dense tasks on the embedded scenes: UperNet mIoU / aAcc and Mask R-CNN box / mask AP "
+           "(%) by backbone")
 
 
 def _value(group: pd.DataFrame, metric: str) -> str:
@@ -25,8 +25,7 @@ def _value(group: pd.DataFrame, metric: str) -> str:
         if metric in group else []
     if not ok:
         return "failed" if "failed" in set(group["status"]) else "missing"
-    mean, ci, _ = summarize(ok)
-    return f"{mean:.2f}" if ci is None else f"{mean:.2f} ± {ci:.2f}"
+    return mean_ci(ok)
 
 
 def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
@@ -35,8 +34,8 @@ def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
     order = {"init": ["teacher"] + orders.get("init", []), "operator": orders.get("operator", [])}
     keys = sorted({(d, s, o, i) for d, s, o, i in zip(dense["dataset"], dense["size"],
                                                        dense["operator"], dense["init"])},
-                  key=lambda k: (k[0], k[1], _rank(order["init"], k[3]),
-                                 _rank(order["operator"], k[2])))
+                  key=lambda k: (k[0], k[1], rank(order["init"], k[3]),
+                                 rank(order["operator"], k[2])))
     for dataset, size, op, init in keys:
         part = dense[(dense["dataset"] == dataset) & (dense["size"] == size)
                      & (dense["operator"] == op) & (dense["init"] == init)]
@@ -45,10 +44,6 @@ def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in COLUMNS],
                         index=pd.MultiIndex.from_tuples(index, names=["dataset", "size",
                                                                       "backbone"]))
-
-
-def _rank(order: list, value) -> tuple:
-    return (order.index(value), "") if value in order else (len(order), str(value))
 
 
 def dense_figure(table: pd.DataFrame, out: Path) -> None:
@@ -67,12 +62,10 @@ def dense_figure(table: pd.DataFrame, out: Path) -> None:
 def write_dense(results: pd.DataFrame, orders: dict, tables_dir: Path, figures_dir: Path,
                 out: Path) -> None:
     table = dense_table(results, orders)
-    for ext, text in (("csv", table.reset_index().to_csv(index=False)),
-                      ("md", to_markdown(table)), ("tex", to_latex(table, CAPTIONS["dense"]))):
-        write_text(Path(tables_dir) / f"dense.{ext}", text)
+    write_table(table, Path(tables_dir) / "dense", CAPTION)
     dense_figure(table, Path(figures_dir) / "dense")
     steps = results[(results["kind"] == "dense") & (results["status"] == "ok")]
-    lines = ["# Dense tasks\n", CAPTIONS["dense"] + ".\n", to_markdown(table)]
+    lines = ["# Dense tasks\n", CAPTION + ".\n", to_markdown(table)]
     if "step_s" in steps and len(steps):
         for task, group in steps.groupby("task"):
             lines.append(f"- {task}: {group['step_s'].mean():.2f} s per training step on average")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from linvit.report.plotting import new_figure, save
-from linvit.report.tables import summarize
+from linvit.render.plotting import new_figure, save
+from linvit.render.tables import summarize
 
 
 def _ok(frame: pd.DataFrame) -> pd.DataFrame:
