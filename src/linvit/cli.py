@@ -134,7 +134,7 @@ def run_command(args) -> int:
     from linvit.runs.rundir import check_output_path
 
     if args.command == "list":
-        print_registries()
+        _resolve("linvit.registries:print_registries")()
         return 0
     check_output_path(args.out)
     if args.command == "demo":
@@ -146,22 +146,6 @@ def run_command(args) -> int:
     brief = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
     print(dumps(brief, indent=1))
     return 0
-
-
-def print_registries() -> None:
-    from linvit.attention import OPERATORS
-    from linvit.data import DATASETS
-    from linvit.models import SIZES
-    from linvit.transfer.losses import LOSSES
-    from linvit.transfer.strategies import STRATEGIES
-
-    print("operators:  ", ", ".join(OPERATORS))
-    print("sizes:      ", ", ".join(SIZES))
-    print("datasets:   ", ", ".join(DATASETS))
-    print("losses:     ", ", ".join(f"{n} ({l.target})" for n, l in LOSSES.items()))
-    print("strategies:")
-    for s in STRATEGIES.values():
-        print(f"  {s.name:18s} copy={sorted(s.copy)} distilled={sorted(s.distilled)}")
 
 
 if __name__ == "__main__":
