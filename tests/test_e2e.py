@@ -83,5 +83,5 @@ def test_import_teacher_then_init_through_the_cli(mnist_root, tmp_path):
     record = json.loads((init / "copied.json").read_text())
     assert record["strategy"] == "copy_mlp" and record["summary"] == {"teacher": 56, "new": 36}
     student = load_model(init / "model.safetensors")
-    assert student.linvit_spec.operator == "inline"
+    assert student.spec.operator == "inline"
     assert json.loads((init / "metrics.json").read_text())["init"]["eval_samples"] == 256

@@ -20,7 +20,7 @@ from torch import nn
 
 from linvit.errors import CheckpointError
 from linvit.io import write_atomic
-from linvit.models.vit import ModelSpec, create_vit, set_token_layout
+from linvit.models.vit import LinvitViT, ModelSpec, create_vit
 
 SPEC_KEY = "linvit_spec"
 DIGEST_KEY = "linvit_tensors_sha256"
@@ -133,8 +133,10 @@ def load_strict(model: nn.Module, state_dict: dict[str, torch.Tensor], source: s
     model.load_state_dict(state_dict, strict=True)
 
 
-def save_model(model: nn.Module, path: str | Path, metadata: dict | None = None) -> None:
-    spec: ModelSpec = model.linvit_spec
+def save_model(model: LinvitViT, path: str | Path, metadata: dict | None = None) -> None:
+    if not isinstance(model, LinvitViT):
+        raise TypeError(f"save_model takes a model built by create_vit, got {type(model).__name__}")
+    spec = model.spec
     meta = {SPEC_KEY: json.dumps(spec.as_dict(), sort_keys=True)}
     meta.update({k: json.dumps(v, sort_keys=True) for k, v in (metadata or {}).items()})
     save_tensors(path, model.state_dict(), meta)
@@ -167,7 +169,7 @@ def read_spec(path: str | Path) -> ModelSpec:
     return spec
 
 
-def load_model(path: str | Path) -> nn.Module:
+def load_model(path: str | Path) -> LinvitViT:
     """Rebuild a model from a linvit checkpoint alone."""
     model = create_vit(read_spec(path))
     load_strict(model, read_state_dict(path), str(path))
@@ -175,7 +177,7 @@ def load_model(path: str | Path) -> nn.Module:
 
 
 def import_timm_weights(spec: ModelSpec, file: str | Path | None = None,
-                        reset_head: bool = False) -> tuple[nn.Module, dict]:
+                        reset_head: bool = False) -> tuple[LinvitViT, dict]:
     """A softmax teacher from timm weights: a local file, or timm's own pretrained loader.
 
     timm's checkpoint_filter_fn translates foreign layouts (original DeiT/JAX names, position
@@ -200,7 +202,7 @@ def import_timm_weights(spec: ModelSpec, file: str | Path | None = None,
     return model, report
 
 
-def _timm_pretrained(spec: ModelSpec, overlay: dict | None = None) -> nn.Module:
+def _timm_pretrained(spec: ModelSpec, overlay: dict | None = None) -> LinvitViT:
     """timm's own loader (its cache, the hub, or overlay={'file': ...}); timm loads strictly,
     except that it drops a pretrained head whose class count differs from spec.num_classes."""
     import timm
@@ -212,7 +214,7 @@ def _timm_pretrained(spec: ModelSpec, overlay: dict | None = None) -> nn.Module:
     if size.timm_name is None:
         raise CheckpointError(f"size {spec.size!r} has no timm pretrained weights; pass a file")
     try:
-        model = timm.create_model(size.timm_name, pretrained=True, num_classes=spec.num_classes,
+        loaded = timm.create_model(size.timm_name, pretrained=True, num_classes=spec.num_classes,
                                   img_size=spec.img_size, in_chans=spec.in_chans,
                                   attn_layer=operator_class("softmax"),
                                   pretrained_cfg_overlay=overlay)
@@ -220,6 +222,6 @@ def _timm_pretrained(spec: ModelSpec, overlay: dict | None = None) -> nn.Module:
         raise CheckpointError(f"timm could not load pretrained weights for {size.timm_name} "
                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}); "
                               "offline, pass file=<a local checkpoint> instead") from None
-    set_token_layout(model)
-    model.linvit_spec = spec
+    model = create_vit(spec)             # the same tensors, in the model that carries its spec
+    load_strict(model, loaded.state_dict(), size.timm_name)
     return model

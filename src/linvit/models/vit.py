@@ -57,16 +57,23 @@ class ModelSpec:
                             "operator_options": dict(operator_options or {})})
 
 
-def create_vit(spec: ModelSpec) -> VisionTransformer:
-    spec.check()
-    size = get_size(spec.size)
-    attn_cls = operator_class(spec.operator, **spec.operator_options)
-    model = VisionTransformer(img_size=spec.img_size, in_chans=spec.in_chans,
-                              num_classes=spec.num_classes, attn_layer=attn_cls,
-                              drop_path_rate=spec.drop_path, **size.timm_kwargs())
-    set_token_layout(model)
-    model.linvit_spec = spec
-    return model
+class LinvitViT(VisionTransformer):
+    """timm's VisionTransformer built from a ModelSpec, which it keeps as `spec` (what
+    save_model writes beside the tensors, so the file alone rebuilds the model)."""
+
+    def __init__(self, spec: ModelSpec):
+        spec.check()
+        size = get_size(spec.size)
+        super().__init__(img_size=spec.img_size, in_chans=spec.in_chans,
+                         num_classes=spec.num_classes,
+                         attn_layer=operator_class(spec.operator, **spec.operator_options),
+                         drop_path_rate=spec.drop_path, **size.timm_kwargs())
+        self.spec = spec
+        set_token_layout(self)
+
+
+def create_vit(spec: ModelSpec) -> LinvitViT:
+    return LinvitViT(spec)
 
 
 def set_token_layout(model: VisionTransformer, grid_size: tuple[int, int] | None = None) -> None:

@@ -64,7 +64,7 @@ def finish_training(run: RunDir, rt: Runtime, model: nn.Module, history: list[di
         "train_time_s": sum(r["train_time_s"] for r in history),
         "train_img_per_s": sum(r["train_img_per_s"] for r in history) / len(history),
         "params": sum(p.numel() for p in model.parameters()),
-        "spec": model.linvit_spec.as_dict(),
+        "spec": model.spec.as_dict(),
         **extra,
     }
     if rt.is_main:

@@ -41,7 +41,7 @@ def run_evaluate(cfg: EvaluateConfig, out, replace: bool = False) -> dict:
         return completed_metrics(run)
     info, _, test_loader = make_loaders(cfg.data, rt)
     model = load_model(cfg.checkpoint).to(rt.device)
-    spec: ModelSpec = model.linvit_spec
+    spec = model.spec
     if (spec.num_classes, spec.img_size) != (info.num_classes, info.img_size):
         raise ConfigError(f"checkpoint: its model takes {spec.img_size} px images of "
                           f"{spec.num_classes} classes, dataset {cfg.data.dataset!r} has "

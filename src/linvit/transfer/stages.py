@@ -72,8 +72,8 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     info, train_loader, test_loader = make_loaders(cfg.data, rt)
     teacher = load_model(cfg.teacher)
     if cfg.distill.losses.get("logit_kd"):
-        check_kd_teacher(teacher.linvit_spec.num_classes, info, "distill.losses.logit_kd")
-    spec = student_spec(cfg, teacher.linvit_spec, info)
+        check_kd_teacher(teacher.spec.num_classes, info, "distill.losses.logit_kd")
+    spec = student_spec(cfg, teacher.spec, info)
     torch.manual_seed(cfg.run.seed)
     student = create_vit(spec)
     record = apply_init(student, distill_student_strategy(cfg.distill.attn_init),
@@ -135,7 +135,7 @@ def run_init(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
     init_eval = evaluate_init(model.to(rt.device), test_loader, rt, run, info.num_classes,
                               cfg.run.eval_every > 0)
     return run.finish({"strategy": record["strategy"], "copied": record["summary"],
-                       "init": init_eval, "spec": model.linvit_spec.as_dict()})
+                       "init": init_eval, "spec": model.spec.as_dict()})
 
 
 def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
@@ -146,7 +146,7 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
     model, record = build_student(cfg, info)
     teacher = load_model(cfg.teacher) if cfg.kd.weight else None
     if teacher is not None:
-        check_kd_teacher(teacher.linvit_spec.num_classes, info, "kd.weight")
+        check_kd_teacher(teacher.spec.num_classes, info, "kd.weight")
     run.open(train_loader.summary)
     if rt.is_main:
         write_json(run.path / "copied.json", record)
