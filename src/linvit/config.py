@@ -26,6 +26,7 @@ from linvit.data import DATASETS
 from linvit.errors import ConfigError
 from linvit.io import load_yaml
 from linvit.models import SIZES
+from linvit.trees import deep_merge
 
 
 def one_of(path: str, value, allowed) -> None:
@@ -177,14 +178,6 @@ def parse_overrides(items: list[str]) -> dict:
 
 def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    merged = dict(base)
-    for k, v in over.items():
-        both = isinstance(v, dict) and isinstance(merged.get(k), dict)
-        merged[k] = deep_merge(merged[k], v) if both else v
-    return merged
 
 
 def load_config(cls, path: str | Path | None = None, overrides: list[str] = ()) -> Any:

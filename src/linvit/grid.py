@@ -14,6 +14,7 @@ import shlex
 from dataclasses import asdict, dataclass
 
 from linvit.transfer.strategies import get_strategy
+from linvit.trees import deep_merge, flatten
 
 NO_LOSS = "none"
 
@@ -76,16 +77,10 @@ def distillations(cells: list[Cell]) -> list[tuple[str, str, str, str]]:
 
 
 # --- command-line overrides -----------------------------------------------------------------
-def flatten(tree: dict, prefix: str = "") -> list[str]:
-    """{'optim': {'lr': 0.001}} -> ['optim.lr=0.001']; leaf mappings (loss weights, operator
-    options) stay whole as JSON, which the CLI reads as YAML."""
-    out = []
-    for key, value in tree.items():
-        if isinstance(value, dict) and key not in ("losses", "operator_options"):
-            out += flatten(value, f"{prefix}{key}.")
-        else:
-            out.append(f"{prefix}{key}={json.dumps(value)}")
-    return out
+def override_words(tree: dict) -> list[str]:
+    """{'optim': {'lr': 0.001}} -> ['optim.lr=0.001']; values as JSON, which the CLI reads as
+    YAML (whole mappings, such as loss weights, stay one word)."""
+    return [f"{key}={json.dumps(value)}" for key, value in flatten(tree).items()]
 
 
 def _data(config: dict, dataset: str) -> dict:
@@ -96,18 +91,10 @@ def _stage(config: dict, stage: str) -> dict:
     return config.get("stages", {}).get(stage, {}) or {}
 
 
-def _merge(*trees: dict) -> dict:
-    out: dict = {}
-    for tree in trees:
-        for k, v in tree.items():
-            out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def _command(stage: str, out_dir: str, tree: dict) -> str:
     """`<stage> -o <dir> --rerun k=v ...`: --rerun because the workflow, not the folder, decides
     whether a job must run (an unfinished run of the same config still resumes)."""
-    return shlex.join([stage, "-o", out_dir, "--rerun", *flatten(tree)])
+    return shlex.join([stage, "-o", out_dir, "--rerun", *override_words(tree)])
 
 
 def teacher_args(config: dict, dataset: str, size: str, out_dir: str) -> str:
@@ -116,7 +103,7 @@ def teacher_args(config: dict, dataset: str, size: str, out_dir: str) -> str:
         tree = {"size": size, "file": teacher.get("file"), "reset_head": True,
                 **_data(config, dataset)}
         return _command("import-teacher", out_dir, tree)
-    tree = _merge(_data(config, dataset), _stage(config, "teacher"),
+    tree = deep_merge(_data(config, dataset), _stage(config, "teacher"),
                   {"model": {"size": size, "operator": "softmax"},
                    "run": {"seed": config.get("teacher_seed", 0)}})
     return _command("pretrain", out_dir, tree)
@@ -124,7 +111,7 @@ def teacher_args(config: dict, dataset: str, size: str, out_dir: str) -> str:
 
 def distill_args(config: dict, dataset: str, size: str, operator: str, loss: str,
                  teacher_model: str, out_dir: str) -> str:
-    tree = _merge(_data(config, dataset), _stage(config, "distill"),
+    tree = deep_merge(_data(config, dataset), _stage(config, "distill"),
                   {"teacher": teacher_model, "model": {"operator": operator},
                    "distill": {"losses": config["losses"][loss]},
                    "run": {"seed": config.get("teacher_seed", 0)}})
@@ -133,7 +120,7 @@ def distill_args(config: dict, dataset: str, size: str, operator: str, loss: str
 
 def finetune_args(config: dict, cell: Cell, teacher_model: str, distilled_model: str | None,
                   out_dir: str) -> str:
-    tree = _merge(_data(config, cell.dataset), _stage(config, "finetune"),
+    tree = deep_merge(_data(config, cell.dataset), _stage(config, "finetune"),
                   {"teacher": teacher_model, "distilled": distilled_model,
                    "model": {"operator": cell.operator}, "init": {"strategy": cell.init},
                    "run": {"seed": cell.seed}})
@@ -373,7 +360,7 @@ def scenes_args(config: dict, out_dir: str) -> str:
 
 def dense_args(config: dict, job: DenseJob, checkpoint: str, scenes: str, out_dir: str) -> str:
     dense = config["dense"]
-    tree = _merge({"data": {"root": scenes}}, dense.get("stages", {}).get(job.task, {}) or {},
+    tree = deep_merge({"data": {"root": scenes}}, dense.get("stages", {}).get(job.task, {}) or {},
                   {"checkpoint": checkpoint,
                    "pretrain_dataset": config["datasets"][job.dataset]["dataset"]})
     return _command(job.task, out_dir, tree)

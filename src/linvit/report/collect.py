@@ -10,19 +10,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from linvit.trees import flatten
+
 KEY = ["kind", "task", "dataset", "size", "operator", "init", "loss", "seed"]
 METRICS = ["top1", "top5", "loss", "train_time_s", "epochs", "params", "eval_img_per_s",
            "train_img_per_s", "mIoU", "aAcc", "box_AP", "mask_AP", "step_s"]
 
 
 def _flat(tree: dict, prefix: str) -> dict:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict) and v and k not in ("losses", "operator_options"):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = json.dumps(v) if isinstance(v, (dict, list)) else v
-    return out
+    """Dotted columns; mappings and lists kept as one JSON cell."""
+    return {k: json.dumps(v) if isinstance(v, (dict, list)) else v
+            for k, v in flatten(tree, prefix).items()}
 
 
 def _key(record: dict) -> dict:

@@ -1,0 +1,30 @@
+"""Nested mappings (configs, records, workflow settings): one merge and one flatten for all."""
+from __future__ import annotations
+
+from typing import Any
+
+# Mappings that are one value, not a section of fields: a loss-weight table or an operator's
+# options is replaced whole by an override and stays one column of a results table.
+WHOLE_MAPPINGS = ("losses", "operator_options")
+
+
+def deep_merge(*trees: dict) -> dict:
+    """Later trees over earlier ones: mappings merge key by key, anything else replaces."""
+    out: dict = {}
+    for tree in trees:
+        for key, value in tree.items():
+            both = isinstance(value, dict) and isinstance(out.get(key), dict)
+            out[key] = deep_merge(out[key], value) if both else value
+    return out
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """{'optim': {'lr': 0.001}} -> {'optim.lr': 0.001}. Empty mappings and WHOLE_MAPPINGS are
+    values of their own."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value and key not in WHOLE_MAPPINGS:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
