@@ -1,0 +1,95 @@
+"""The package structure: an import graph without cycles, stages that do not reach into each other.
+
+Built from linvit.deps' static import graph (every import in a file, lazy ones included), so what
+the workflow's code-dependency map sees is what these tests check.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from linvit import deps
+
+# Packages that are stages of the pipeline; shared code lives outside them (runs/, render/,
+# config.py, models/, data/, attention/, ops/, io.py, errors.py, trees.py).
+STAGE_PACKAGES = ("train", "transfer", "dense", "bench", "report")
+# Stages that share no code with another stage (transfer builds on train's training loop).
+SELF_CONTAINED = ("dense", "bench", "report")
+
+
+def unit(path: Path) -> str | None:
+    """`path`'s top-level unit under linvit: a subpackage or a top-level module (None: the
+    package's own __init__)."""
+    parts = path.relative_to(deps.PACKAGE_ROOT).with_suffix("").parts
+    return None if parts == ("__init__",) else parts[0]
+
+
+def unit_graph(graph: dict[Path, frozenset[Path]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for src, targets in graph.items():
+        a = unit(src)
+        if a is None:
+            continue
+        out.setdefault(a, set()).update(b for b in map(unit, targets) if b not in (None, a))
+    return out
+
+
+def find_cycle(graph: dict) -> list | None:
+    """One cycle of `graph` (node -> successors) as a list of nodes, or None."""
+    state: dict = {}
+    stack: list = []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ()), key=str):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph, key=str):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_the_package_graph_has_no_cycle():
+    cycle = find_cycle(unit_graph(deps.import_graph()))
+    assert cycle is None, "package import cycle: " + " -> ".join(cycle)
+
+
+def test_the_module_graph_has_no_cycle():
+    graph = {src: {t for t in targets if t.name != "__init__.py"}
+             for src, targets in deps.import_graph().items()}
+    cycle = find_cycle(graph)
+    rel = [str(p.relative_to(deps.SRC_ROOT)) for p in cycle or []]
+    assert cycle is None, "module import cycle: " + " -> ".join(rel)
+
+
+@pytest.mark.parametrize("stage", SELF_CONTAINED)
+def test_a_self_contained_stage_imports_no_other_stage(stage):
+    reached = unit_graph(deps.import_graph()).get(stage, set())
+    assert not reached & (set(STAGE_PACKAGES) - {stage}), \
+        f"{stage}/ imports {sorted(reached & set(STAGE_PACKAGES))}"
+
+
+def test_reporting_reads_results_files_only():
+    """report/ draws from files a stage wrote: it builds no model and reads no dataset."""
+    reached = unit_graph(deps.import_graph())["report"]
+    assert not reached & {"models", "data", "attention", "ops"}, sorted(reached)
+
+
+def test_every_stage_package_exists():
+    """The lists above name real packages (a renamed package would make the checks vacuous)."""
+    units = set(unit_graph(deps.import_graph()))
+    assert set(STAGE_PACKAGES) <= units, sorted(set(STAGE_PACKAGES) - units)
