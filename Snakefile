@@ -26,6 +26,10 @@ if grid.use_shipped_grid(config, workflow.overwrite_configfiles):
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
+# `snakemake --report report.html`: the tables and figures with their captions (workflow/report/)
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/teacher.smk"
 include: "workflow/rules/transfer.smk"

@@ -123,15 +123,6 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
-def append_jsonl(path: str | os.PathLike, record: dict) -> None:
-    """One JSON object per line; a line is written with a single write call and flushed."""
-    line = dumps(record) + "\n"
-    with open(path, "a") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Read a JSONL log, ignoring a torn last line left by a crash mid-write."""
     records = []

@@ -78,8 +78,12 @@ rule dense:
         code=code("dense"),
     output:
         f"{RESULTS}/dense.md",
-        expand(f"{RESULTS}/tables/dense.{{ext}}", ext=["csv", "md", "tex"]),
-        f"{RESULTS}/figures/dense.png",
+        f"{RESULTS}/tables/dense.csv",
+        report(f"{RESULTS}/tables/dense.md", caption="../report/dense.rst", category="Dense tasks",
+               labels={"table": "dense"}),
+        f"{RESULTS}/tables/dense.tex",
+        report(f"{RESULTS}/figures/dense.png", caption="../report/dense.rst",
+               category="Dense tasks", labels={"figure": "dense"}),
         f"{RESULTS}/figures/dense.pdf",
     log:
         f"{RESULTS}/logs/dense_report.log",

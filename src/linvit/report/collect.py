@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from linvit.io import read_jsonl
 from linvit.trees import flatten
 
 KEY = ["kind", "task", "dataset", "size", "operator", "init", "loss", "seed"]
@@ -68,8 +69,7 @@ def curves_frame(records: list[dict]) -> pd.DataFrame:
             rows.append({**base, "epoch": 0, "compute_s": offset, "test_top1": init["top1"]})
         elapsed = offset
         log = Path(r["run_dir"]) / "train.jsonl"
-        for line in log.read_text().splitlines() if log.is_file() else []:
-            epoch = json.loads(line)
+        for epoch in read_jsonl(log) if log.is_file() else []:
             elapsed += epoch["train_time_s"]
             if "test_top1" in epoch:
                 rows.append({**base, "epoch": epoch["epoch"], "compute_s": elapsed,

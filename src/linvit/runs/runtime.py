@@ -79,8 +79,3 @@ def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     """The global RNG (dropout, drop-path) is reseeded from (seed, epoch, rank) at each epoch, so a
     resumed run draws exactly what an uninterrupted one would, for any number of processes."""
     return (seed * 1_000_003 + epoch * 7_919 + rank) % 2**63
-
-
-def teardown(rt: Runtime) -> None:
-    if rt.distributed and dist.is_initialized():
-        dist.destroy_process_group()

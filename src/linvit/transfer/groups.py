@@ -38,8 +38,3 @@ def check_groups(groups, field: str) -> frozenset[str]:
     if unknown:
         raise ValueError(f"{field}: unknown group(s) {unknown}; allowed: {', '.join(GROUPS)}")
     return frozenset(groups)
-
-
-def layer_of(name: str) -> int | None:
-    m = re.match(r"^blocks\.(\d+)\.", name)
-    return int(m.group(1)) if m else None
