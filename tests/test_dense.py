@@ -1,9 +1,13 @@
-"""Dense tasks: embedded scenes, the linvit backbone in mmseg/mmdet, one real training step and
-evaluation of UperNet and Mask R-CNN with a linear-operator backbone, safe checkpoint loading."""
+"""Dense tasks: embedded scenes (their settings and classes defined once), the linvit backbone in
+mmseg/mmdet, one real training step and evaluation of UperNet and Mask R-CNN with a
+linear-operator backbone, safe checkpoint loading."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -12,7 +16,12 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from linvit.dense.scenes import CLASSES, STUFF, SceneSpec, make_scenes, split_digest, verify_scenes
+from linvit import cli
+from linvit.config import ConfigError, load_config
+from linvit.dense.config import ScenesConfig
+from linvit.dense.scenes import (CLASSES, STUFF, THINGS, SceneSpec, make_scenes, split_digest,
+                                 verify_scenes)
+from linvit.io import load_yaml
 from linvit.models import ModelSpec, create_vit, save_model
 
 from conftest import perturb, synthetic_mnist
@@ -58,6 +67,71 @@ def test_instance_masks_match_the_label_maps(scenes):
             assert (labels[mask] == len(STUFF) + ann["category_id"] - 1).all()
 
 
+def test_scene_settings_are_defined_once():
+    """make-scenes' config is SceneSpec plus where the sprites are: every scene setting (field,
+    default, range check) is SceneSpec's, so a new one reaches the CLI and its checks at once."""
+    spec_fields = [(f.name, f.type, f.default) for f in dataclasses.fields(SceneSpec)]
+    assert [(f.name, f.type, f.default) for f in dataclasses.fields(ScenesConfig)] == \
+        spec_fields + [("sprites_root", "str | None", None)]
+    assert issubclass(ScenesConfig, SceneSpec) and ScenesConfig.validate is SceneSpec.validate
+    cfg = load_config(ScenesConfig, None, ["size=32", "seed=5", "sprites_root=/x"])
+    assert cfg.scene_spec() == SceneSpec(size=32, seed=5)
+    assert type(cfg.scene_spec()) is SceneSpec
+    for bad, message in ((dict(min_scale=0.9), "min_scale/max_scale"), (dict(size=8), "size"),
+                         (dict(seed=2**63 - 1), "seed")):
+        with pytest.raises(ConfigError, match=message):
+            SceneSpec(**bad).validate()
+        with pytest.raises(ConfigError, match=message):
+            load_config(ScenesConfig, None, [f"{k}={v}" for k, v in bad.items()])
+
+
+def test_make_scenes_cli_writes_the_scenes_of_its_settings(mnist_root, tmp_path):
+    """`linvit make-scenes` with a config gives the same bytes as make_scenes with the same
+    SceneSpec; MANIFEST.json holds every scene setting, config.yaml those and sprites_root."""
+    out = tmp_path / "cli"
+    assert cli.main(["make-scenes", "-o", str(out), f"sprites_root={mnist_root}", "size=32",
+                     "train=3", "val=2", "seed=5", "max_scale=0.5"]) == 0
+    spec = SceneSpec(size=32, train=3, val=2, seed=5, max_scale=0.5)
+    direct = make_scenes(tmp_path / "direct", synthetic_mnist(512, 0), synthetic_mnist(256, 1),
+                         spec)
+    manifest = verify_scenes(out)
+    assert manifest == direct
+    assert manifest["spec"] == dataclasses.asdict(spec)          # every field of SceneSpec
+    assert split_digest(out, "train") == split_digest(tmp_path / "direct", "train")
+    config = load_yaml((out / "config.yaml").read_text())["config"]
+    assert config == {**manifest["spec"], "sprites_root": str(mnist_root)}
+
+
+def test_scene_classes_are_fashion_mnists_own(scenes):
+    """The things are Fashion-MNIST's classes (one definition, in the data module), in label
+    order: in the COCO categories, the manifest and the label maps' numbering."""
+    from linvit.data import DATASETS, fashion_mnist
+
+    assert THINGS is fashion_mnist.CLASSES
+    assert DATASETS["fashion_mnist"].info().class_names == THINGS
+    assert CLASSES == STUFF + THINGS
+    coco = json.loads((scenes / "coco" / "instances_val.json").read_text())
+    assert [(c["id"], c["name"]) for c in coco["categories"]] == list(enumerate(THINGS, 1))
+    manifest = verify_scenes(scenes)
+    assert (manifest["things"], manifest["classes"]) == (list(THINGS), list(CLASSES))
+
+
+def test_the_dense_package_imports_without_openmmlab():
+    """Configs, scenes and the CLI's stage table load with OpenMMLab absent; only running
+    segment/detect needs it."""
+    blocked = ("mmengine", "mmcv", "mmseg", "mmdet", "pycocotools")
+    code = "\n".join([
+        "import sys",
+        *(f"sys.modules[{m!r}] = None" for m in blocked),
+        "import linvit.dense.scenes, linvit.dense.config, linvit.dense.configs",
+        "import linvit.dense.stages, linvit.dense.backbone, linvit.dense.safe_load",
+        "from linvit.cli import stage_config",
+        "assert [stage_config(s).__name__ for s in ('make-scenes', 'segment')] == "
+        "['ScenesConfig', 'DenseConfig']"])
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
 @pytest.fixture(scope="module")
 def backbone_ckpt(tmp_path_factory):
     torch.manual_seed(0)
@@ -100,6 +174,27 @@ def dense_cfg(task, root, ckpt, work, *extra):
     return load_config(DenseConfig, None, [
         f"checkpoint={ckpt}", f"data.root={root}", "data.batch_size=2", "optim.iters=2",
         "optim.checkpoint_every=1", "model.head_channels=32", "run.progress=false", *extra])
+
+def test_dense_configs_name_the_scene_classes_and_a_backbone_that_builds(scenes, backbone_ckpt,
+                                                                          tmp_path):
+    """The mmengine configs carry the scene classes, and their backbone entry is exactly what
+    LinViTBackbone takes (built here from it, checkpoint and all)."""
+    from linvit.dense.backbone import LinViTBackbone
+    from linvit.dense.configs import detection_config, segmentation_config
+
+    cfg = dense_cfg("segment", scenes, backbone_ckpt, tmp_path)
+    seg = segmentation_config(cfg, 96, [0.0] * 3, [1.0] * 3, str(tmp_path))
+    det = detection_config(cfg, 96, [0.0] * 3, [1.0] * 3, str(tmp_path))
+    assert seg["train_dataloader"]["dataset"]["metainfo"]["classes"] == CLASSES
+    assert seg["model"]["decode_head"]["num_classes"] == len(CLASSES)
+    assert det["train_dataloader"]["dataset"]["metainfo"]["classes"] == THINGS
+    assert det["model"]["roi_head"]["bbox_head"]["num_classes"] == len(THINGS)
+    for config in (seg, det):
+        entry = dict(config["model"]["backbone"])
+        assert entry.pop("type") == "LinViTBackbone"
+        assert entry == {"checkpoint": str(backbone_ckpt), "img_size": 64, "in_chans": 3}
+        maps = LinViTBackbone(**entry)(torch.randn(1, 3, 64, 64))
+        assert [m.shape[-1] for m in maps] == [16, 8, 4, 2]
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """A linvit ViT (any operator) as an mmseg/mmdet backbone, with a simple feature pyramid.
 
-The ViT comes from a linvit checkpoint (teacher or transferred student) or a spec: its position
+The ViT comes from a linvit checkpoint (teacher or transferred student): its position
 embedding is resampled to the dense image size and its patch embedding adapted to the input
 channels (timm's helpers), the classifier is dropped, and every other tensor must load (strict,
 named errors). As in ViTDet, the last block's patch tokens are turned into four maps at strides
@@ -55,27 +55,23 @@ def adapted_state(checkpoint: str, model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 class LinViTBackbone(nn.Module):
-    """mmseg/mmdet backbone: `checkpoint` (a linvit model.safetensors) or `spec` (a ModelSpec
-    dict, random init) gives the ViT; returns four feature maps at STRIDES."""
+    """mmseg/mmdet backbone: the ViT of `checkpoint` (a linvit model.safetensors); returns four
+    feature maps at STRIDES."""
 
-    def __init__(self, checkpoint: str | None = None, spec: dict | None = None,
-                 img_size: int = 64, in_chans: int = 3, init_cfg=None):
+    def __init__(self, checkpoint: str, img_size: int = 64, in_chans: int = 3):
         super().__init__()
-        if (checkpoint is None) == (spec is None):
-            raise ValueError("LinViTBackbone needs exactly one of checkpoint or spec")
-        base = read_spec(checkpoint) if checkpoint else ModelSpec.from_dict(spec)
+        base = read_spec(checkpoint)
         self.spec = ModelSpec(**{**base.as_dict(), "img_size": img_size, "in_chans": in_chans,
                                  "num_classes": 0})
         self.vit = create_vit(self.spec)
-        if checkpoint:
-            load_strict(self.vit, adapted_state(checkpoint, self.vit), checkpoint)
+        load_strict(self.vit, adapted_state(checkpoint, self.vit), checkpoint)
         self.patch = self.vit.patch_embed.patch_size[0]
         width = self.vit.embed_dim
         self.levels = nn.ModuleList(_level(width, self.patch / s) for s in STRIDES)
         self.out_channels = [width] * len(STRIDES)
 
     def init_weights(self) -> None:
-        """Weights come from the checkpoint (or timm's init); nothing to do for mmengine."""
+        """Weights come from the checkpoint; nothing to do for mmengine."""
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         tokens = self.vit.forward_features(x)[:, self.vit.num_prefix_tokens:]   # (B, h*w, C)

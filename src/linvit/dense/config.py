@@ -6,31 +6,16 @@ from typing import Literal
 
 from pathlib import Path
 
-from linvit.config import ConfigError, RunCfg, existing_file, in_range, one_of, positive
+from linvit.config import ConfigError, RunCfg, existing_file, one_of, positive
 from linvit.data import DATASETS
+from linvit.dense.scenes import SceneSpec
 
 
-@dataclass
-class ScenesConfig:
-    """`linvit make-scenes`: the embedded dense data (see linvit.dense.scenes)."""
-    size: int = 64
-    train: int = 800
-    val: int = 200
-    max_objects: int = 4
-    min_scale: float = 0.35
-    max_scale: float = 0.75
-    seed: int = 0
+@dataclass(frozen=True)
+class ScenesConfig(SceneSpec):
+    """`linvit make-scenes`: the scene settings (their fields, defaults and checks are
+    linvit.dense.scenes.SceneSpec's) and where the sprites come from."""
     sprites_root: str | None = None     # Fashion-MNIST files (None: Debian's package)
-
-    def validate(self, p: str) -> None:
-        # sprites are at least 8 px and placed at most a quarter outside the scene
-        in_range("size", self.size, 16, 4096)
-        in_range("train", self.train, 1, 10**7)
-        in_range("val", self.val, 1, 10**7)
-        in_range("max_objects", self.max_objects, 1, 64)
-        in_range("seed", self.seed, 0, 2**63 - 2)          # the val split uses seed + 1
-        if not 0 < self.min_scale <= self.max_scale <= 1:
-            raise ConfigError("min_scale/max_scale: need 0 < min_scale <= max_scale <= 1")
 
 
 @dataclass

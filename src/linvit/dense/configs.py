@@ -58,12 +58,12 @@ def _loader(dataset: dict, batch: int, train: bool, workers: int) -> dict:
                 dataset=dataset)
 
 
-def _backbone(cfg, checkpoint: str | None, spec: dict | None) -> dict:
-    return dict(type="LinViTBackbone", checkpoint=checkpoint, spec=spec,
-                img_size=cfg.data.img_size, in_chans=3)
+def _backbone(cfg) -> dict:
+    return dict(type="LinViTBackbone", checkpoint=cfg.checkpoint, img_size=cfg.data.img_size,
+                in_chans=3)
 
 
-def segmentation_config(cfg, checkpoint, spec, width: int, mean, std, work_dir: str) -> dict:
+def segmentation_config(cfg, width: int, mean, std, work_dir: str) -> dict:
     d, c = cfg.data, cfg.model.head_channels
     if d.kind == "scenes":
         classes, ds_type, extra = CLASSES, "BaseSegDataset", dict(metainfo=dict(classes=CLASSES))
@@ -85,7 +85,7 @@ def segmentation_config(cfg, checkpoint, spec, width: int, mean, std, work_dir: 
         type="EncoderDecoder",
         data_preprocessor=dict(type="SegDataPreProcessor", mean=mean, std=std, bgr_to_rgb=True,
                                pad_val=0, seg_pad_val=255, size=(d.img_size, d.img_size)),
-        backbone=_backbone(cfg, checkpoint, spec),
+        backbone=_backbone(cfg),
         decode_head=dict(type="UPerHead", in_channels=[width] * 4, in_index=[0, 1, 2, 3],
                          pool_scales=(1, 2, 3, 6), channels=c, dropout_ratio=0.1,
                          num_classes=len(classes), norm_cfg=NORM, align_corners=False,
@@ -121,7 +121,7 @@ def _rcnn_train_cfg() -> dict:
                                add_gt_as_proposals=True)))
 
 
-def detection_config(cfg, checkpoint, spec, width: int, mean, std, work_dir: str) -> dict:
+def detection_config(cfg, width: int, mean, std, work_dir: str) -> dict:
     d, c = cfg.data, cfg.model.head_channels
     classes = THINGS if d.kind == "scenes" else None
     ann = {"train": "coco/instances_train.json", "val": "coco/instances_val.json"} \
@@ -149,7 +149,7 @@ def detection_config(cfg, checkpoint, spec, width: int, mean, std, work_dir: str
         type="MaskRCNN",
         data_preprocessor=dict(type="DetDataPreprocessor", mean=mean, std=std, bgr_to_rgb=True,
                                pad_mask=True, pad_size_divisor=32),
-        backbone=_backbone(cfg, checkpoint, spec),
+        backbone=_backbone(cfg),
         neck=dict(type="FPN", in_channels=[width] * 4, out_channels=c, num_outs=5),
         rpn_head=dict(
             type="RPNHead", in_channels=c, feat_channels=c,

@@ -15,18 +15,19 @@ Written twice over the same PNG images:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from linvit.errors import DataError
+from linvit.config import in_range
+from linvit.data import fashion_mnist, get_dataset
+from linvit.errors import ConfigError, DataError
 from linvit.io import read_json, write_json
 
 STUFF = ("stripes", "checker", "speckle")
-THINGS = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
-          "Bag", "Ankle boot")
+THINGS = fashion_mnist.CLASSES          # the sprites' classes, in the order of their labels
 CLASSES = STUFF + THINGS
 SPRITE_THRESHOLD = 40          # sprite pixels above this (of 255) belong to the object
 MIN_VISIBLE = 16               # objects with fewer visible pixels get no instance annotation
@@ -34,6 +35,9 @@ MIN_VISIBLE = 16               # objects with fewer visible pixels get no instan
 
 @dataclass(frozen=True)
 class SceneSpec:
+    """The scene settings: the one definition of their fields, defaults and ranges. The set is
+    a pure function of them (and the sprites); `linvit make-scenes` takes them as its config
+    (linvit.dense.config.ScenesConfig) and MANIFEST.json records them."""
     size: int = 64
     train: int = 800
     val: int = 200
@@ -41,6 +45,20 @@ class SceneSpec:
     min_scale: float = 0.35    # sprite side / scene side
     max_scale: float = 0.75
     seed: int = 0
+
+    def validate(self, p: str = "") -> None:
+        # sprites are at least 8 px and placed at most a quarter outside the scene
+        in_range("size", self.size, 16, 4096)
+        in_range("train", self.train, 1, 10**7)
+        in_range("val", self.val, 1, 10**7)
+        in_range("max_objects", self.max_objects, 1, 64)
+        in_range("seed", self.seed, 0, 2**63 - 2)          # the val split uses seed + 1
+        if not 0 < self.min_scale <= self.max_scale <= 1:
+            raise ConfigError("min_scale/max_scale: need 0 < min_scale <= max_scale <= 1")
+
+    def scene_spec(self) -> SceneSpec:
+        """Just the scene settings (of a config that extends them): what MANIFEST.json holds."""
+        return SceneSpec(**{f.name: getattr(self, f.name) for f in fields(SceneSpec)})
 
 
 def fill_holes(mask: np.ndarray) -> np.ndarray:
@@ -189,8 +207,6 @@ def verify_scenes(root: str | Path) -> dict:
 
 def run_make_scenes(cfg, out, replace: bool = False) -> dict:
     """`linvit make-scenes`: sprites from Fashion-MNIST's train and test splits."""
-    from linvit.config import to_dict
-    from linvit.data import get_dataset
     from linvit.runs.stage import completed_metrics, prepare_run
 
     run = prepare_run(cfg, out, "make-scenes", replace)
@@ -200,7 +216,7 @@ def run_make_scenes(cfg, out, replace: bool = False) -> dict:
     sprites = {s: tuple(t.numpy() for t in ds.arrays(cfg.sprites_root, s))
                for s in ("train", "test")}
     run.open()
-    spec = SceneSpec(**{k: v for k, v in to_dict(cfg).items() if k != "sprites_root"})
+    spec = cfg.scene_spec()
     manifest = make_scenes(out, (sprites["train"][0][:, 0], sprites["train"][1]),
                            (sprites["test"][0][:, 0], sprites["test"][1]), spec)
     return run.finish({"val_sha256": manifest["val_sha256"], "train": spec.train,

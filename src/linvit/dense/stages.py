@@ -62,7 +62,7 @@ def build_config(task: str, cfg: DenseConfig, width: int, mean, std, work_dir: s
     from linvit.dense.configs import detection_config, segmentation_config
 
     make = segmentation_config if task == "segment" else detection_config
-    return Config(make(cfg, cfg.checkpoint, None, width, mean, std, work_dir))
+    return Config(make(cfg, width, mean, std, work_dir))
 
 
 def train_and_validate(config) -> tuple[dict, float, float]:
