@@ -37,6 +37,17 @@ def mean_ci(values: list[float]) -> str:
     return f"{mean:.2f}" if ci is None else f"{mean:.2f} ± {ci:.2f}"
 
 
+def cell_text(group: pd.DataFrame, metric: str, count_seeds: bool = True) -> str:
+    """`metric` over the group's jobs with status ok as mean ± CI; "failed" or "missing" when
+    there are none (never a blank), and "(k/n seeds)" when only some are ok (count_seeds)."""
+    ok = group[group["status"] == "ok"][metric].dropna().astype(float).tolist() \
+        if metric in group else []
+    if not ok:
+        return "failed" if "failed" in set(group["status"]) else "missing"
+    incomplete = count_seeds and len(ok) < len(group)
+    return mean_ci(ok) + (f" ({len(ok)}/{len(group)} seeds)" if incomplete else "")
+
+
 def rank(order: list | None, value) -> tuple:
     order = order or []
     return (order.index(value), "") if value in order else (len(order), str(value))

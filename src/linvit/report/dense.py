@@ -12,20 +12,12 @@ import pandas as pd
 
 from linvit.io import write_text
 from linvit.render.plotting import new_figure, save
-from linvit.render.tables import mean_ci, rank, to_markdown, write_table
+from linvit.render.tables import cell_text, rank, to_markdown, write_table
 
 COLUMNS = [("segment", "mIoU"), ("segment", "aAcc"), ("detect", "box_AP"),
            ("detect", "mask_AP")]
 CAPTION = ("Dense tasks on the embedded scenes: UperNet mIoU / aAcc and Mask R-CNN box / mask AP "
            "(%) by backbone")
-
-
-def _value(group: pd.DataFrame, metric: str) -> str:
-    ok = group[group["status"] == "ok"][metric].dropna().astype(float).tolist() \
-        if metric in group else []
-    if not ok:
-        return "failed" if "failed" in set(group["status"]) else "missing"
-    return mean_ci(ok)
 
 
 def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
@@ -39,7 +31,8 @@ def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
     for dataset, size, op, init in keys:
         part = dense[(dense["dataset"] == dataset) & (dense["size"] == size)
                      & (dense["operator"] == op) & (dense["init"] == init)]
-        rows.append([_value(part[part["task"] == task], metric) for task, metric in COLUMNS])
+        rows.append([cell_text(part[part["task"] == task], metric, count_seeds=False)
+                     for task, metric in COLUMNS])
         index.append((dataset, size, "softmax teacher" if init == "teacher" else f"{op} {init}"))
     return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in COLUMNS],
                         index=pd.MultiIndex.from_tuples(index, names=["dataset", "size",

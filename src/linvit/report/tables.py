@@ -13,17 +13,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from linvit.render.tables import mean_ci, rank, write_table
+from linvit.render.tables import cell_text, rank, write_table
 
 
 def format_cell(group: pd.DataFrame) -> str:
-    ok = group[group["status"] == "ok"]["top1"].dropna().astype(float).tolist()
-    if not ok:
-        statuses = set(group["status"])
-        return "failed" if "failed" in statuses else "missing"
-    text = mean_ci(ok)
-    incomplete = len(group) - len(ok)
-    return text + (f" ({len(ok)}/{len(group)} seeds)" if incomplete else "")
+    return cell_text(group, "top1")
 
 
 def pivot(frame: pd.DataFrame, index: list[str], columns: str, orders: dict) -> pd.DataFrame:
