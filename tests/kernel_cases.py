@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import torch
 
+from linvit.ops.definitions import FEATURES
 from linvit.ops.linear_attention import backend, linear_attention
 
-# (feature map, normalised): the three ways operators call the core
-# (linear: elu1; focused/hedgehog: identity on positive features; inline: identity, unnormalised)
-VARIANTS = [("elu1", True), ("identity", True), ("identity", False)]
+# (feature map, normalised): every map the backends define, both ways. Operators use three of them
+# (linear: elu1; focused/hedgehog: identity on positive features; inline: identity, unnormalised).
+VARIANTS = [(kind, normalize) for kind in FEATURES for normalize in (True, False)]
 
 
 def inputs(shape=(2, 3, 63, 24), dv=40, dtype=torch.float32, kind="elu1", normalize=True,

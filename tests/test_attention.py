@@ -4,13 +4,25 @@ from __future__ import annotations
 import pytest
 import torch
 from timm.models.vision_transformer import Attention
+from torch import nn
 
-from linvit.attention import OPERATORS, get_operator, operator_class
+from linvit.attention import OPERATORS, AttentionOperator, get_operator, operator_class
+from linvit.bench.operators import parts_of
 from linvit.ops.linear_attention import (injective_linear_attention_map,
                                          normalized_linear_attention_map)
 
 ALL = list(OPERATORS)
 HEAD_DIM, HEADS, TOKENS = 24, 3, 50          # awkward on purpose: N=50 = cls + 7x7, d=24
+
+
+def has_local_term(name: str) -> bool:
+    op = get_operator(name)(HEAD_DIM * HEADS, num_heads=HEADS)
+    op.set_token_layout(1, (2, 2))
+    return op.local_mix(torch.zeros(1, HEADS, 5, HEAD_DIM)) is not None
+
+
+# asked of the operators themselves, so a new operator with a local term joins these tests
+LOCAL = [name for name in OPERATORS if has_local_term(name)]
 
 
 def make_op(name, seed=0, **kw):
@@ -109,8 +121,48 @@ def test_registry_errors_name_the_allowed_values():
     assert cls.focusing_factor == 2.0 and issubclass(cls, get_operator("focused"))
 
 
-def test_local_terms_need_a_placeable_grid():
-    op = make_op("focused")
+@pytest.mark.parametrize("name", ALL)
+def test_operator_name_is_its_registry_key(name):
+    assert OPERATORS[name].name == name
+    assert make_op(name).name == name
+    overridden = {k: _another_value(v) for k, v in OPERATORS[name].options.items()}
+    assert operator_class(name, **overridden).name == name
+
+
+def _another_value(default):
+    """A valid value other than the default: +2 keeps a kernel size odd, x2 keeps a float > 0."""
+    if isinstance(default, bool):
+        return not default
+    return default + 2 if isinstance(default, int) else default * 2
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_option_defaults_are_what_instances_carry(name):
+    options = dict(OPERATORS[name].options)                    # a copy: compared after
+    op = operator_class(name)(HEAD_DIM * HEADS, num_heads=HEADS)
+    assert {k: getattr(op, k) for k in options} == options
+    assert {k: type(getattr(op, k)) for k in options} == {k: type(v) for k, v in options.items()}
+    changed = {k: _another_value(v) for k, v in options.items()}
+    op = operator_class(name, **changed)(HEAD_DIM * HEADS, num_heads=HEADS)
+    assert {k: getattr(op, k) for k in options} == changed
+    assert OPERATORS[name].options == options                  # overrides leave the defaults
+
+
+def test_an_option_default_is_declared_once():
+    with pytest.raises(TypeError, match="declare the default once"):
+        type("Twice", (AttentionOperator,), {"options": {"kernel_size": 3}, "kernel_size": 3})
+
+
+def test_local_terms_are_found_alike_by_tests_and_bench():
+    """LOCAL asks local_mix; the bench asks whether local_mix is overridden. An operator whose
+    local term went missing (local_mix returning None) would leave LOCAL unnoticed otherwise."""
+    assert LOCAL, "no operator has a local term: the local-term tests below would run nothing"
+    assert [name for name in OPERATORS if "mix" in parts_of(name)] == LOCAL
+
+
+@pytest.mark.parametrize("name", LOCAL)
+def test_local_terms_need_a_placeable_grid(name):
+    op = make_op(name)
     with pytest.raises(ValueError, match="cannot place"):
         op(torch.randn(1, 48, HEAD_DIM * HEADS, dtype=torch.float64))   # 47 patches
     op.set_token_layout(0, (6, 8))                                     # no cls, 6x8 grid
@@ -122,17 +174,20 @@ def test_linear_operators_reject_attention_dropout():
         get_operator("linear")(96, num_heads=3, attn_drop=0.1)
 
 
-@pytest.mark.parametrize("name, conv_name, per_head", [("focused", "dwc", True),
-                                                       ("inline", "local", False)])
-def test_local_term_is_the_conv_of_the_patch_grid(name, conv_name, per_head):
+@pytest.mark.parametrize("name", LOCAL)
+def test_local_term_is_the_conv_of_the_patch_grid(name):
     """Token (1 + y*w + x) of head h, channel c sits at pixel (y, x) of channel h*d + c (or of
     channel c for a conv shared by heads); prefix tokens get no local term."""
     op = make_op(name)
+    convs = [m for m in op.children() if isinstance(m, nn.Conv2d)]
+    assert len(convs) == 1, f"{name}: a local term other than one depthwise conv; extend this test"
+    conv = convs[0]
+    per_head = conv.in_channels == HEAD_DIM            # one conv shared by the heads (FLatten)
+    assert conv.groups == conv.in_channels == (HEAD_DIM if per_head else HEADS * HEAD_DIM)
     B, h, w = 2, 5, 7                                   # a non-square grid catches a transpose
     op.set_token_layout(1, (h, w))
     v = torch.randn(B, HEADS, 1 + h * w, HEAD_DIM, dtype=torch.float64)
     image = v[:, :, 1:].reshape(B, HEADS, h, w, HEAD_DIM).permute(0, 1, 4, 2, 3)
-    conv = getattr(op, conv_name)
     if per_head:
         want = conv(image.reshape(B * HEADS, HEAD_DIM, h, w))
     else:

@@ -6,6 +6,7 @@ ago (through torch).
 """
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import torch
 
 from kernel_cases import VARIANTS, assert_match, inputs, run
 from linvit.attention import OPERATORS
+from linvit.ops import linear_attention as dispatch
+from linvit.ops.definitions import FEATURES
 from linvit.ops.linear_attention import backend, linear_attention, resolve_backend, triton_available
 
 HERE = Path(__file__).parent
@@ -57,7 +60,7 @@ def test_auto_backend_on_cpu_is_the_fused_path_and_names_are_checked():
                          kind="relu")
 
 
-@pytest.mark.parametrize("name", [n for n in OPERATORS if n != "softmax"])
+@pytest.mark.parametrize("name", list(OPERATORS))      # softmax too: it must ignore the backend
 def test_every_operator_mixes_alike_on_every_cpu_backend(name):
     torch.manual_seed(0)
     op = OPERATORS[name](96, num_heads=4)
@@ -70,6 +73,58 @@ def test_every_operator_mixes_alike_on_every_cpu_backend(name):
             out = op.mix(*leaves)
         results[be] = (out, *torch.autograd.grad(out, leaves, grad))
     assert_match(results["torch"], results["reference"])
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_triton_takes_heads_up_to_its_limit_and_wider_ones_fall_back_with_one_warning(
+        monkeypatch, caplog):
+    """The dispatch alone, on the CPU: a spy stands in for the Triton kernels."""
+    from linvit.ops import triton_kernels
+
+    taken = []
+    monkeypatch.setattr(triton_kernels, "triton_linear_attention",
+                        lambda q, k, v, *rest: taken.append((q.shape[-1], v.shape[-1])) or v)
+    dispatch._warn_fallback.cache_clear()              # "once" counts from this test on
+    limit = triton_kernels.MAX_HEAD_DIM
+
+    def call(dk, dv):
+        q, k = torch.rand(1, 2, 5, dk), torch.rand(1, 2, 5, dk)
+        return q, k, torch.rand(1, 2, 5, dv)
+
+    with backend("triton"), caplog.at_level(logging.WARNING, logger="linvit"):
+        linear_attention(*call(limit, limit), "elu1")
+        wide = call(limit + 1, 8)
+        outs = [linear_attention(*wide, "elu1") for _ in range(3)]
+        linear_attention(*call(8, limit + 1), "elu1")
+    assert taken == [(limit, limit)]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 2, warned                    # once per distinct head dims
+    assert f"({limit + 1}, 8)" in warned[0] and f"(8, {limit + 1})" in warned[1]
+    assert all(str(limit) in w and "fused PyTorch" in w for w in warned)
+    with backend("torch"):
+        assert torch.equal(outs[0], linear_attention(*wide, "elu1"))
+
+
+def test_triton_feature_codes_are_keyed_by_the_python_feature_maps():
+    pytest.importorskip("triton")
+    # imported directly, not through triton_available(), which would turn a failure into a skip
+    from linvit.ops.triton_kernels import FEATURE_CODES
+
+    assert FEATURE_CODES.keys() == FEATURES.keys()
+    assert len(set(FEATURE_CODES.values())) == len(FEATURE_CODES)
+
+
+@pytest.mark.parametrize("missing, warns", [("triton", False), ("linvit.ops.triton_kernels", True)])
+def test_triton_that_cannot_load_is_said_unless_simply_absent(monkeypatch, caplog, missing, warns):
+    monkeypatch.delitem(sys.modules, "linvit.ops.triton_kernels", raising=False)
+    monkeypatch.setitem(sys.modules, missing, None)    # None in sys.modules: that import fails
+    dispatch.triton_available.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="linvit"):
+            assert not triton_available()
+    finally:
+        dispatch.triton_available.cache_clear()        # the real answer for later tests
+    assert any("Triton kernels unavailable" in r.getMessage() for r in caplog.records) == warns
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")

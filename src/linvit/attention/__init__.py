@@ -1,7 +1,7 @@
 """The operator registry: one name -> one AttentionOperator class.
 
-Adding an operator: one file in this folder, one line in OPERATORS. Tests, the CLI's allowed
-values and the workflow grid all read this dict.
+Adding an operator: one file in this folder (its class declares `name`), one line in OPERATORS.
+Tests, the CLI's allowed values and the workflow grid all read this dict.
 """
 from __future__ import annotations
 
@@ -14,13 +14,24 @@ from linvit.attention.inline import InLineAttention
 from linvit.attention.linear import LinearAttention
 from linvit.attention.softmax import SoftmaxAttention
 
-OPERATORS: dict[str, type[AttentionOperator]] = {
-    "softmax": SoftmaxAttention,
-    "linear": LinearAttention,
-    "focused": FocusedLinearAttention,
-    "inline": InLineAttention,
-    "hedgehog": HedgehogAttention,
-}
+
+def _by_name(*classes: type[AttentionOperator]) -> dict[str, type[AttentionOperator]]:
+    """The registry keyed by each class's own `name`, so the name is written once."""
+    registry: dict[str, type[AttentionOperator]] = {}
+    for cls in classes:
+        if not cls.name or cls.name in registry:
+            raise ValueError(f"{cls.__name__}: operator name {cls.name!r} is empty or taken")
+        registry[cls.name] = cls
+    return registry
+
+
+OPERATORS: dict[str, type[AttentionOperator]] = _by_name(
+    SoftmaxAttention,
+    LinearAttention,
+    FocusedLinearAttention,
+    InLineAttention,
+    HedgehogAttention,
+)
 
 
 def get_operator(name: str) -> type[AttentionOperator]:

@@ -28,13 +28,27 @@ ODD_KERNEL = (lambda k: k > 0 and k % 2 == 1, "a positive odd integer")
 
 
 class AttentionOperator(nn.Module):
+    # The operator's registry key: linvit.attention.OPERATORS is keyed by these names.
     name: ClassVar[str] = ""
-    # Hyper-parameters a config may override (model.operator_options), with their defaults.
+    # Hyper-parameters a config may override (model.operator_options), with their defaults. Each
+    # becomes a class attribute (self.kernel_size): declared here only, see __init_subclass__.
     options: ClassVar[dict] = {}
     # Per option, (predicate, what it demands); options without a rule must be finite and > 0.
     option_rules: ClassVar[dict] = {}
     # Whether attn_drop has a meaning (only operators that form a map during training).
     supports_attn_drop: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """Give the options a class declares their defaults as class attributes. Subclasses that
+        only set attributes (linvit.attention.operator_class's overrides) keep theirs."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("options", {})
+        twice = sorted(key for key in own if key in cls.__dict__)
+        if twice:
+            raise TypeError(f"{cls.__name__}: option(s) {twice} are set both in `options` and as "
+                            "class attributes; declare the default once, in `options`")
+        for key, default in own.items():
+            setattr(cls, key, default)
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
                  scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0,

@@ -23,8 +23,6 @@ class FocusedLinearAttention(AttentionOperator):
     name = "focused"
     options = {"focusing_factor": 3.0, "kernel_size": 5}
     option_rules = {"kernel_size": ODD_KERNEL}
-    focusing_factor = 3.0
-    kernel_size = 5
 
     def build(self, device=None, dtype=None):
         d = self.head_dim

@@ -19,7 +19,6 @@ class InLineAttention(AttentionOperator):
     name = "inline"
     options = {"kernel_size": 3}
     option_rules = {"kernel_size": ODD_KERNEL}
-    kernel_size = 3
 
     def build(self, device=None, dtype=None):
         dim = self.num_heads * self.head_dim

@@ -2,19 +2,20 @@
 from __future__ import annotations
 
 from linvit.attention.base import AttentionOperator
-from linvit.ops.fused_torch import feature
+from linvit.ops.definitions import feature
 from linvit.ops.linear_attention import linear_attention, normalized_linear_attention_map
 
 
 class LinearAttention(AttentionOperator):
     name = "linear"
+    feature_kind = "elu1"                                          # elu(x) + 1 > 0 everywhere
 
     def feature_map(self, x):
-        return feature(x, "elu1")                                  # elu(x) + 1 > 0 everywhere
+        return feature(x, self.feature_kind)
 
     def global_mix(self, q, k, v):
         # the feature map is fused into the core (it is recomputed in backward, never stored)
-        return linear_attention(q, k, v, kind="elu1")
+        return linear_attention(q, k, v, kind=self.feature_kind)
 
     def attention_map(self, q, k):
         return normalized_linear_attention_map(self.feature_map(q), self.feature_map(k))

@@ -20,7 +20,7 @@ FLOOR = 1e-6
 def focused_features_reference(x: torch.Tensor, scale: torch.Tensor, p: float) -> torch.Tensor:
     x = (F.relu(x.float()) + FLOOR) / F.softplus(scale.float())
     x_pow = x ** p
-    # x >= 1e-6 / softplus(s) keeps ||x^p|| well above 0 for p <= 3 in float32.
+    # x >= FLOOR / softplus(s) keeps ||x^p|| well above 0 for p <= 3 in float32.
     return x.norm(dim=-1, keepdim=True) * x_pow / x_pow.norm(dim=-1, keepdim=True)
 
 

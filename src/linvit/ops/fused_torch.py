@@ -22,23 +22,7 @@ from __future__ import annotations
 
 import torch
 
-FEATURES = ("identity", "elu1")
-
-
-def feature(x: torch.Tensor, kind: str) -> torch.Tensor:
-    x = x.float()
-    if kind == "elu1":
-        # elu(x) + 1 = exp(min(x, 0)) + max(x, 0). Written this way on purpose: on CPU builds
-        # where elu runs through a scalar expm1, it is ~10x faster than F.elu (see linvit bench).
-        return torch.clamp_max(x, 0.0).exp_() + torch.relu(x)
-    return x
-
-
-def _feature_grad(phi: torch.Tensor, grad: torch.Tensor, kind: str) -> torch.Tensor:
-    if kind == "elu1":
-        # d(elu(x)+1)/dx = exp(min(x, 0)) = min(phi, 1): read off phi, no mask, no x needed.
-        return grad.mul_(torch.clamp_max(phi, 1.0))
-    return grad
+from linvit.ops.definitions import NORMALISER_EPS, feature, feature_grad
 
 
 class FusedLinearAttention(torch.autograd.Function):
@@ -76,12 +60,12 @@ class FusedLinearAttention(torch.autograd.Function):
             ds = phi_q.transpose(-2, -1) @ g
             dphi_k = v32 @ ds.transpose(-2, -1)
         dv = phi_k @ ds
-        dq = _feature_grad(phi_q, dphi_q, ctx.kind)
-        dk = _feature_grad(phi_k, dphi_k, ctx.kind)
+        dq = feature_grad(phi_q, dphi_q, ctx.kind)
+        dk = feature_grad(phi_k, dphi_k, ctx.kind)
         tq, tk, tv = ctx.dtypes
         return dq.to(tq), dk.to(tk), dv.to(tv), None, None, None
 
 
 def fused_linear_attention(q, k, v, kind: str = "identity", normalize: bool = True,
-                           eps: float = 1e-6) -> torch.Tensor:
+                           eps: float = NORMALISER_EPS) -> torch.Tensor:
     return FusedLinearAttention.apply(q, k, v, kind, normalize, eps)

@@ -7,28 +7,27 @@ map multiplying V, which map-level distillation needs and the tests compare agai
 The efficient path has three backends that must agree (tests/test_kernels.py):
   reference  plain einsum + autograd: the readable definition;
   torch      one fused autograd Function in bmm (linvit.ops.fused_torch): the CPU default;
-  triton     fused kernels (linvit.ops.triton_kernels): the CUDA default.
+  triton     fused kernels (linvit.ops.triton_kernels): the CUDA default, for head dims up to
+             its MAX_HEAD_DIM (wider heads take the torch path, with a warning).
 `backend("name")` forces one (benchmarks and tests); "auto" picks by device.
 
 Numerics: cores run in float32 whatever the input dtype (bf16 sums over thousands of tokens lose
-too many bits), and results are cast back.
+too many bits), and results are cast back. Feature maps and the normaliser's epsilon are defined
+once for all backends, in linvit.ops.definitions.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import functools
+import logging
 
 import torch
 
-from linvit.ops.fused_torch import FEATURES, feature, fused_linear_attention
+from linvit.ops.definitions import FEATURES, NORMALISER_EPS, feature
+from linvit.ops.fused_torch import fused_linear_attention
 
-# Feature maps used here are strictly positive, so the normaliser sum_j phi(q_i).phi(k_j) is > 0
-# in exact arithmetic. In float32 it can still underflow to 0 (elu(x)+1 = exp(x) for x < -87, or a
-# row of relu(x)+1e-6 features at the floor), and 0/0 would turn a whole sequence into NaN. 1e-6 is
-# far below any normaliser of a healthy row (>= N * Dk * 1e-12 even at the floor for the focused
-# map, and O(N) for elu+1 and softmax maps) yet keeps the all-underflow case finite (output -> 0).
-NORMALISER_EPS = 1e-6
+log = logging.getLogger("linvit")
 
 BACKENDS = ("auto", "reference", "torch", "triton")
 _BACKEND = contextvars.ContextVar("linvit_linear_attention_backend", default="auto")
@@ -50,7 +49,12 @@ def backend(name: str):
 def triton_available() -> bool:
     try:
         import linvit.ops.triton_kernels  # noqa: F401
-    except Exception:                     # no triton, or a triton that cannot load here
+    except Exception as exc:              # no triton, or a triton that cannot load here
+        # A missing triton is expected (CPU installs); any other failure would turn Triton off
+        # unnoticed, so it is said once.
+        if not (isinstance(exc, ModuleNotFoundError) and exc.name == "triton"):
+            log.warning("linear attention: Triton kernels unavailable (%s: %s); using the fused "
+                        "PyTorch path", type(exc).__name__, exc)
         return False
     return True
 
@@ -62,6 +66,22 @@ def resolve_backend(t: torch.Tensor) -> str:
     if name == "triton" and not triton_available():
         raise RuntimeError("backend 'triton' requested but triton cannot be imported")
     return name
+
+
+def _triton_fits(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the Triton kernels take these head dims (only asked once triton has loaded)."""
+    from linvit.ops.triton_kernels import MAX_HEAD_DIM
+    dims = (q.shape[-1], v.shape[-1])
+    if max(dims) <= MAX_HEAD_DIM:
+        return True
+    _warn_fallback(f"head dims over the Triton kernels' limit of {MAX_HEAD_DIM}", dims)
+    return False
+
+
+@functools.cache
+def _warn_fallback(reason: str, dims: tuple[int, int]) -> None:
+    """Cached: said once per distinct (reason, dims), not on every layer of every step."""
+    log.warning("linear attention: %s (Dk, Dv = %s); using the fused PyTorch path", reason, dims)
 
 
 def _f32(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -81,14 +101,14 @@ def _reference(q, k, v, kind: str, normalize: bool, eps: float) -> torch.Tensor:
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str = "identity",
                      normalize: bool = True, eps: float = NORMALISER_EPS) -> torch.Tensor:
     """o_i = phi(q_i) S / (phi(q_i) z + eps) (or phi(q_i) S unnormalised), S = sum_j phi(k_j)^T v_j,
-    z = sum_j phi(k_j), phi = `kind` ("identity" or "elu1" = elu(x) + 1).
+    z = sum_j phi(k_j), phi = FEATURES[kind] ("identity" or "elu1" = elu(x) + 1).
 
     Costs O(N Dk Dv) instead of O(N^2 (Dk + Dv)).
     """
     if kind not in FEATURES:
-        raise ValueError(f"unknown feature map {kind!r}; allowed: {FEATURES}")
+        raise ValueError(f"unknown feature map {kind!r}; allowed: {tuple(FEATURES)}")
     name = resolve_backend(q)
-    if name == "triton" and max(q.shape[-1], v.shape[-1]) <= 128:
+    if name == "triton" and _triton_fits(q, v):
         from linvit.ops.triton_kernels import triton_linear_attention
         return triton_linear_attention(q, k, v, kind, normalize, eps)
     if name == "reference":

@@ -25,7 +25,17 @@ import torch
 import triton
 import triton.language as tl
 
+from linvit.ops.definitions import FEATURES, NORMALISER_EPS
+
+# The codes _phi/_phi_grad branch on, per feature map of linvit.ops.definitions. Kept explicit
+# (not numbered from FEATURES' order): the kernels' branches are written against these numbers.
 FEATURE_CODES = {"identity": 0, "elu1": 1}
+if FEATURE_CODES.keys() != FEATURES.keys():
+    # a map missing here would not run in Triton; fail the import (triton_available says why)
+    raise ImportError(f"triton kernels implement feature maps {sorted(FEATURE_CODES)}, "
+                      f"linvit.ops.definitions defines {sorted(FEATURES)}")
+# The widest head the kernels take: one program holds the whole padded (Dk, Dv) state. The
+# dispatcher (linvit.ops.linear_attention) sends wider heads to the fused PyTorch path.
 MAX_HEAD_DIM = 128
 
 
@@ -271,6 +281,6 @@ class TritonLinearAttention(torch.autograd.Function):
 
 
 def triton_linear_attention(q, k, v, kind: str = "identity", normalize: bool = True,
-                            eps: float = 1e-6, splits: int | None = None,
+                            eps: float = NORMALISER_EPS, splits: int | None = None,
                             block_n: int = 64) -> torch.Tensor:
     return TritonLinearAttention.apply(q, k, v, kind, normalize, eps, splits, block_n)
