@@ -43,11 +43,21 @@ def results_frame(records: list[dict], grid: list[dict] | None = None) -> pd.Dat
         key = {"kind": "cell", **cell}
         if tuple(key.get(k) for k in KEY) not in seen:
             rows.append({**key, "status": "missing", "error": "no record: the job has not run"})
-    frame = pd.DataFrame(rows)
+    frame = _integers_stay_integers(pd.DataFrame(rows), rows)
     for col in KEY + ["status"]:
         if col not in frame:
             frame[col] = None
     return frame[KEY + [c for c in frame.columns if c not in KEY]]
+
+
+def _integers_stay_integers(frame: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
+    """Columns of integers with gaps (teachers have no seed) as nullable integers: pandas would
+    make them floats, and results.csv would say seed 1.0 and params 684298.0."""
+    for col in frame.columns:
+        values = [row[col] for row in rows if row.get(col) is not None]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            frame[col] = frame[col].astype("Int64")
+    return frame
 
 
 def curves_frame(records: list[dict]) -> pd.DataFrame:

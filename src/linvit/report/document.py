@@ -100,9 +100,17 @@ def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], o
     failed = results[results["status"].isin(["failed", "missing"])]
     if len(failed):
         parts.append("## Failed or missing jobs\n")
-        parts += [f"- {r.kind} {r.dataset}/{r.size}/{r.operator}/{r.init}/{r.loss}/seed{r.seed}: "
-                  f"{r.status}: {r.error}" for r in failed.itertuples()]
+        parts += [f"- {job_name(r)}: {r.status}: {r.error}" for r in failed.itertuples()]
     write_text(out, "\n".join(parts) + "\n")
+
+
+def job_name(row) -> str:
+    """kind dataset/size/operator/init/loss/seedN, leaving out what the job has not (a teacher
+    has no operator, init, loss or seed of its own)."""
+    parts = [str(v) for v in (row.dataset, row.size, row.operator, row.init, row.loss)
+             if not pd.isna(v)]
+    seed = [] if pd.isna(row.seed) else [f"seed{int(row.seed)}"]
+    return f"{row.kind} " + "/".join(parts + seed)
 
 
 def run_step(a) -> None:

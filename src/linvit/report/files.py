@@ -13,4 +13,8 @@ def read_grid(path: str | Path) -> dict:
 
 
 def read_csv(path: str | Path) -> pd.DataFrame:
-    return pd.read_csv(path)
+    """A results file; the seed column as nullable integers (blank where a job has none)."""
+    frame = pd.read_csv(path)
+    if "seed" in frame:
+        frame["seed"] = frame["seed"].astype("Int64")
+    return frame
