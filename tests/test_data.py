@@ -245,9 +245,10 @@ def test_loader_contract(name, tmp_path, monkeypatch):
     def train_labels(**kw):
         return labels_of(batches_of(ds, fake, "train", train=True, subset=TRAIN_SUBSET, **kw)[1])
 
-    _, train = batches_of(ds, fake, "train", train=True, subset=TRAIN_SUBSET, seed=3)
+    train_loader, train = batches_of(ds, fake, "train", train=True, subset=TRAIN_SUBSET, seed=3)
     full = min(TRAIN_SUBSET, len(labels_of(train_all))) // BATCH
     assert [len(y) for _, y in train] == [BATCH] * full         # the partial batch is dropped
+    assert train_loader.num_samples == len(labels_of(train))    # what an epoch draws
     assert train_labels(seed=3) == labels_of(train)
     assert train_labels(seed=4) != labels_of(train)
     assert train_labels(seed=3, epoch=1) != labels_of(train)

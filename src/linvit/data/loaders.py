@@ -104,6 +104,9 @@ class TorchLoader:
 
     @property
     def num_samples(self) -> int:
+        """Samples an epoch draws over all processes (training drops the partial batch)."""
+        if self.loader.drop_last:
+            return len(self.loader) * self.batch_size
         return len(self.sampler) * self.sampler.num_replicas
 
     def batches(self, epoch: int):
