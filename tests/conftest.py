@@ -56,7 +56,8 @@ def make_model(spec: ModelSpec, operator: str = "softmax", seed: int = 0):
 
 
 def perturb(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
-    """Give every tensor (norms and biases too) values no fresh init produces, like a trained net."""
+    """Give every tensor (norms and biases too) values no fresh init produces, like a trained
+    net."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.state_dict().values():

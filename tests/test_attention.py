@@ -8,8 +8,10 @@ from torch import nn
 
 from linvit.attention import OPERATORS, AttentionOperator, get_operator, operator_class
 from linvit.bench.operators import parts_of
-from linvit.ops.linear_attention import (injective_linear_attention_map,
-                                         normalized_linear_attention_map)
+from linvit.ops.linear_attention import (
+    injective_linear_attention_map,
+    normalized_linear_attention_map,
+)
 
 ALL = list(OPERATORS)
 HEAD_DIM, HEADS, TOKENS = 24, 3, 50          # awkward on purpose: N=50 = cls + 7x7, d=24

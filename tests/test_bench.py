@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
+from linvit.bench.config import BenchConfig
 from linvit.bench.measure import peak_bytes
 from linvit.bench.ratios import goals, slopes, speedups
 from linvit.cli import main
-from linvit.bench.config import BenchConfig
 from linvit.config import load_config
 
 CPU = torch.device("cpu")

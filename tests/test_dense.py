@@ -19,8 +19,15 @@ from safetensors.torch import load_file
 from linvit import cli
 from linvit.config import ConfigError, load_config
 from linvit.dense.config import ScenesConfig
-from linvit.dense.scenes import (CLASSES, STUFF, THINGS, SceneSpec, make_scenes, split_digest,
-                                 verify_scenes)
+from linvit.dense.scenes import (
+    CLASSES,
+    STUFF,
+    THINGS,
+    SceneSpec,
+    make_scenes,
+    split_digest,
+    verify_scenes,
+)
 from linvit.io import load_yaml
 from linvit.models import ModelSpec, create_vit, save_model
 
@@ -271,7 +278,8 @@ def write_mmengine_checkpoint(path, by_mmengine: bool = True, **extra) -> dict:
 
 
 def load_like_mmengine(path):
-    """How a resuming Runner reads its checkpoint: torch.load with torch's default (weights_only)."""
+    """How a resuming Runner reads its checkpoint: torch.load with torch's default
+    (weights_only)."""
     from mmengine.runner.checkpoint import _load_checkpoint
 
     return _load_checkpoint(str(path), map_location="cpu")

@@ -1,4 +1,5 @@
-"""Layer-wise distillation: the right inputs, the right losses, only the configured tensors learn."""
+"""Layer-wise distillation: the right inputs, the right losses, only the configured tensors
+learn."""
 from __future__ import annotations
 
 import pytest

@@ -21,9 +21,9 @@ from linvit import cli
 from linvit.attention import OPERATORS
 from linvit.cli import STAGES, stage_config
 from linvit.config import ConfigError, load_config
-from linvit.train.config import PretrainConfig
 from linvit.io import dumps, load_yaml, loads
 from linvit.models import ModelSpec, create_vit, save_model
+from linvit.train.config import PretrainConfig
 
 from test_run_folders import one_error_line
 

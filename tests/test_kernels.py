@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_cases import VARIANTS, assert_match, inputs, run
 from linvit.attention import OPERATORS
 from linvit.ops import linear_attention as dispatch
 from linvit.ops.definitions import FEATURES
 from linvit.ops.linear_attention import backend, linear_attention, resolve_backend, triton_available
+
+from kernel_cases import VARIANTS, assert_match, inputs, run
 
 HERE = Path(__file__).parent
 
@@ -52,9 +53,9 @@ def test_elu_gradient_at_zero_and_far_below():
 
 def test_auto_backend_on_cpu_is_the_fused_path_and_names_are_checked():
     assert resolve_backend(torch.zeros(1)) == "torch"
-    with pytest.raises(ValueError, match="unknown linear-attention backend"):
-        with backend("cuda-magic"):
-            pass
+    with pytest.raises(ValueError, match="unknown linear-attention backend"), \
+            backend("cuda-magic"):
+        pass
     with pytest.raises(ValueError, match="unknown feature map"):
         linear_attention(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2),
                          kind="relu")

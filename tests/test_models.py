@@ -10,8 +10,16 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from linvit.attention import OPERATORS
-from linvit.models import (SIZES, CheckpointError, ModelSpec, create_vit, load_model, load_strict,
-                           read_state_dict, save_model)
+from linvit.models import (
+    SIZES,
+    CheckpointError,
+    ModelSpec,
+    create_vit,
+    load_model,
+    load_strict,
+    read_state_dict,
+    save_model,
+)
 from linvit.models.checkpoint import import_timm_weights
 
 from conftest import make_model, perturb

@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file
 
 from linvit.config import load_config
-from linvit.train.config import PretrainConfig
-from linvit.transfer.config import FinetuneConfig
 from linvit.errors import RunDirError
 from linvit.io import read_jsonl
 from linvit.train import trainer
+from linvit.train.config import PretrainConfig
 from linvit.train.stages import run_pretrain
+from linvit.transfer.config import FinetuneConfig
 from linvit.transfer.stages import run_finetune
 
 

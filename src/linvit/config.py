@@ -11,6 +11,7 @@ must tile the images; distillation layers must exist in the teacher).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import types
@@ -267,10 +268,9 @@ def _coerce(tp, value, path: str):
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if tp is float and isinstance(value, str):
-        try:                                  # YAML 1.1 reads "3e-4" (no dot) as a string
+        # YAML 1.1 reads "3e-4" (no dot) as a string
+        with contextlib.suppress(ValueError):
             value = float(value)
-        except ValueError:
-            pass
     # bool is a subclass of int in Python; `epochs: true` must still be rejected.
     if not isinstance(value, tp) or (tp in (int, float) and isinstance(value, bool)):
         raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 from linvit.config import load_config
-from linvit.train.config import PretrainConfig
-from linvit.transfer.config import DistillConfig, FinetuneConfig
 from linvit.io import write_text
+from linvit.train.config import PretrainConfig
 from linvit.train.stages import run_pretrain
+from linvit.transfer.config import DistillConfig, FinetuneConfig
 from linvit.transfer.stages import run_distill, run_finetune
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config" / "demo"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent          # src/linvit
@@ -57,7 +57,9 @@ def _imports(path: Path) -> set[Path]:
     """linvit files that importing `path` loads: named modules, submodules named in
     `from x import y`, and every parent package's __init__.py."""
     names: set[str] = set()
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    package = _module_name(path)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
@@ -78,7 +80,7 @@ def _imports(path: Path) -> set[Path]:
     return files
 
 
-@lru_cache(maxsize=None)
+@cache
 def import_graph() -> dict[Path, frozenset[Path]]:
     return {p: frozenset(_imports(p)) for p in sorted(PACKAGE_ROOT.rglob("*.py"))}
 
@@ -95,7 +97,7 @@ def closure(entries: list[str]) -> set[Path]:
     return seen
 
 
-@lru_cache(maxsize=None)
+@cache
 def registry_members() -> dict[str, dict[str, Path]]:
     """kind -> name -> the file that defines that registry entry."""
     from linvit.attention import OPERATORS

@@ -11,11 +11,11 @@ import yaml
 
 from linvit import deps, grid
 from linvit.config import ConfigError, load_config
-from linvit.transfer.config import FinetuneConfig
+from linvit.render.tables import summarize, to_latex, to_markdown
 from linvit.report.collect import results_frame
 from linvit.report.document import claims_table
-from linvit.render.tables import summarize, to_latex, to_markdown
 from linvit.report.tables import format_cell, main_table
+from linvit.transfer.config import FinetuneConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,8 @@ def test_job_arguments_are_valid_linvit_configs(tmp_path):
     words = shlex.split(grid.finetune_args(config, cell, str(teacher), str(teacher), "OUT"))
     assert words[:4] == ["finetune", "-o", "OUT", "--rerun"]
     cfg = load_config(FinetuneConfig, None, words[4:])
-    assert (cfg.model.operator, cfg.init.strategy, cfg.run.seed) == ("focused", "copy_mlp+distill", 3)
+    assert (cfg.model.operator, cfg.init.strategy, cfg.run.seed) == \
+        ("focused", "copy_mlp+distill", 3)
     assert cfg.data.train_subset == config["stages"]["finetune"]["data"]["train_subset"]
     distill = shlex.split(grid.distill_args(config, "fashion_mnist", "cpu96", "linear", "map+out",
                                             str(teacher), "D"))

@@ -148,7 +148,8 @@ class AttentionOperator(nn.Module):
                              "set_token_layout with the current grid")
         return side, side
 
-    def depthwise_on_patches(self, v: torch.Tensor, conv: nn.Module, per_head: bool) -> torch.Tensor:
+    def depthwise_on_patches(self, v: torch.Tensor, conv: nn.Module,
+                             per_head: bool) -> torch.Tensor:
         """Apply a depthwise conv over the patch grid of V; prefix tokens get a zero local term.
 
         per_head=True shares one conv of head_dim channels across heads (FLatten); otherwise the

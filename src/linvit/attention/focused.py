@@ -15,8 +15,11 @@ from torch import nn
 
 from linvit.attention.base import ODD_KERNEL, AttentionOperator
 from linvit.ops.focused_features import focused_features
-from linvit.ops.linear_attention import (normalized_linear_attention,
-                                         normalized_linear_attention_map, resolve_backend)
+from linvit.ops.linear_attention import (
+    normalized_linear_attention,
+    normalized_linear_attention_map,
+    resolve_backend,
+)
 
 
 class FocusedLinearAttention(AttentionOperator):

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from linvit.attention.base import AttentionOperator
-from linvit.ops.linear_attention import (normalized_linear_attention,
-                                         normalized_linear_attention_map)
+from linvit.ops.linear_attention import normalized_linear_attention, normalized_linear_attention_map
 
 
 class HedgehogAttention(AttentionOperator):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.utils.benchmark as benchmark

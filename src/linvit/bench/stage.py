@@ -13,12 +13,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from linvit.bench.config import BenchConfig
 from linvit.bench.figures import model_throughput, operator_scaling
 from linvit.bench.measure import keep_freed_memory
 from linvit.bench.models import sweep_models
 from linvit.bench.operators import sweep_operators
 from linvit.bench.ratios import goals, markdown
-from linvit.bench.config import BenchConfig
 from linvit.config import ConfigError
 from linvit.io import write_atomic, write_text
 from linvit.runs.stage import completed_metrics, prepare_run

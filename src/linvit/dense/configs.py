@@ -41,8 +41,8 @@ def _common(cfg, work_dir: str, scope: str, evaluator: dict) -> dict:
             timer=dict(type="IterTimerHook"),
             logger=dict(type="LoggerHook", interval=max(1, it // 10), log_metric_by_epoch=False),
             param_scheduler=dict(type="ParamSchedulerHook"),
-            checkpoint=dict(type="CheckpointHook", by_epoch=False, interval=cfg.optim.checkpoint_every,
-                            max_keep_ckpts=1),
+            checkpoint=dict(type="CheckpointHook", by_epoch=False,
+                            interval=cfg.optim.checkpoint_every, max_keep_ckpts=1),
             sampler_seed=dict(type="DistSamplerSeedHook")),
         log_processor=dict(by_epoch=False),
         log_level="INFO",
@@ -78,7 +78,8 @@ def segmentation_config(cfg, width: int, mean, std, work_dir: str) -> dict:
     def dataset(split: str, pipe):
         return dict(type=ds_type, data_root=d.root, pipeline=pipe, img_suffix=".png"
                     if d.kind == "scenes" else ".jpg", seg_map_suffix=".png",
-                    data_prefix=dict(img_path=f"images/{split}", seg_map_path=f"annotations/{split}"),
+                    data_prefix=dict(img_path=f"images/{split}",
+                                     seg_map_path=f"annotations/{split}"),
                     **extra)
 
     model = dict(

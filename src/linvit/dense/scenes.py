@@ -3,9 +3,10 @@
 No real segmentation or detection set installs offline, so linvit composes one: each scene is a
 textured "stuff" background (a few regions of procedural texture) with 1-4 Fashion-MNIST objects
 pasted at random scale, colour and position; later objects occlude earlier ones, and every mask is
-the *visible* part (holes inside a garment filled). Training scenes use training-split sprites, validation scenes test-split
-sprites. The set is a pure function of (sprites, seed, sizes), and its validation half is hashed
-(MANIFEST.json) so a changed generator cannot silently change the benchmark.
+the *visible* part (holes inside a garment filled). Training scenes use training-split sprites,
+validation scenes test-split sprites. The set is a pure function of (sprites, seed, sizes), and
+its validation half is hashed (MANIFEST.json) so a changed generator cannot silently change the
+benchmark.
 
 Written twice over the same PNG images:
     ADE20K layout   images/{training,validation}/*.png, annotations/{training,validation}/*.png

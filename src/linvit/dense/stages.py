@@ -68,12 +68,12 @@ def build_config(task: str, cfg: DenseConfig, width: int, mean, std, work_dir: s
 def train_and_validate(config) -> tuple[dict, float, float]:
     """mmengine's Runner: train (resuming from work_dir's last checkpoint), then validate.
     Returns the validation metrics and the seconds spent training and validating."""
+    import importlib
+
     from mmengine.runner import Runner
 
     from linvit.dense.backbone import register
     from linvit.dense.safe_load import mmengine_checkpoints_allowed
-
-    import importlib
 
     # import every module of the task's package into its registries (mmdet does not do it lazily)
     importlib.import_module(f"{config.default_scope}.utils").register_all_modules(

@@ -35,7 +35,8 @@ SIZES: dict[str, ModelSize] = {
     "deit_t": ModelSize(192, 12, 3, 16, timm_name="deit_tiny_patch16_224", description="DeiT-Tiny"),
     "deit_s": ModelSize(384, 12, 6, 16, timm_name="deit_small_patch16_224",
                         description="DeiT-Small"),
-    "deit_b": ModelSize(768, 12, 12, 16, timm_name="deit_base_patch16_224", description="DeiT-Base"),
+    "deit_b": ModelSize(768, 12, 12, 16, timm_name="deit_base_patch16_224",
+                        description="DeiT-Base"),
 }
 
 

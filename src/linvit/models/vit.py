@@ -28,7 +28,7 @@ class ModelSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelSpec":
+    def from_dict(cls, d: dict) -> ModelSpec:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(d) - known)
         if unknown:
@@ -52,7 +52,7 @@ class ModelSpec:
                 and 0 <= self.drop_path < 1):
             raise ValueError(f"drop_path: must be in [0, 1), got {self.drop_path!r}")
 
-    def with_operator(self, operator: str, operator_options: dict | None = None) -> "ModelSpec":
+    def with_operator(self, operator: str, operator_options: dict | None = None) -> ModelSpec:
         return ModelSpec(**{**self.as_dict(), "operator": operator,
                             "operator_options": dict(operator_options or {})})
 

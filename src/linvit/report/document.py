@@ -17,7 +17,8 @@ CLAIMS = [
     ("Copying attention weights barely helps: copy_attn gains less over copy_embed than "
      "copy_mlp does", lambda m: m["copy_attn"] - m["copy_embed"] < m["copy_mlp"] - m["copy_embed"],
      ("copy_embed", "copy_attn", "copy_mlp")),
-    ("MLPs carry most of the benefit of pretraining: (copy_mlp - random) >= 0.5 (copy_all - random)",
+    ("MLPs carry most of the benefit of pretraining: "
+     "(copy_mlp - random) >= 0.5 (copy_all - random)",
      lambda m: m["copy_mlp"] - m["random"] >= 0.5 * (m["copy_all"] - m["random"]),
      ("random", "copy_mlp", "copy_all")),
     ("Distilled attention beats random attention: distill > random",
@@ -39,7 +40,7 @@ def strategy_means(results: pd.DataFrame, main_loss: str) -> dict[tuple, dict[st
     out: dict[tuple, dict[str, float]] = {}
     for (dataset, size, op, init), value in means.items():
         out.setdefault((dataset, size, op), {})[init] = float(value)
-    for (dataset, size, op), row in out.items():
+    for (dataset, size, _op), row in out.items():
         ref = out.get((dataset, size, "softmax"), {}).get("copy_all")
         if ref is not None:
             row["softmax"] = ref

@@ -3,7 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from linvit.config import ConfigError, DataCfg, ModelCfg, OptimCfg, RunCfg, check_spec, existing_file, image_size, one_of
+from linvit.config import (
+    ConfigError,
+    DataCfg,
+    ModelCfg,
+    OptimCfg,
+    RunCfg,
+    check_spec,
+    existing_file,
+    image_size,
+    one_of,
+)
 from linvit.models import SIZES, ModelSpec
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 
 from linvit.config import ConfigError
-from linvit.train.config import EvaluateConfig, ImportConfig, PretrainConfig
 from linvit.models import ModelSpec, create_vit, load_model, save_model
 from linvit.runs.stage import completed_metrics, prepare_run, start_run
 from linvit.train.common import finish_training, make_loaders
+from linvit.train.config import EvaluateConfig, ImportConfig, PretrainConfig
 from linvit.train.loop import evaluate
 from linvit.train.objectives import ClassificationObjective
 from linvit.train.trainer import fit

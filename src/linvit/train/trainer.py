@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from timm.optim import create_optimizer_v2
@@ -14,10 +14,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from linvit.errors import RunFailed
-from linvit.train.loop import train_one_epoch
 from linvit.runs.rundir import RunDir
 from linvit.runs.runtime import Runtime, epoch_seed
 from linvit.runs.state import load_state, save_state
+from linvit.train.loop import train_one_epoch
 
 log = logging.getLogger("linvit")
 

@@ -133,7 +133,8 @@ def freeze_except(model: nn.Module, groups) -> list[str]:
         if p.requires_grad:
             trainable.append(name)
     if not trainable:
-        raise ConfigError(f"distill.train: no parameter of the student belongs to groups {sorted(groups)}")
+        raise ConfigError(f"distill.train: no parameter of the student belongs to groups "
+                          f"{sorted(groups)}")
     return trainable
 
 
@@ -156,7 +157,7 @@ class GradCensus:
 
     def report(self) -> dict:
         out = {}
-        for name, p in self.model.named_parameters():
+        for name, _ in self.model.named_parameters():
             seen = self.seen.get(name)
             out[name] = {"group": group_of(name), "trainable": seen is not None,
                          "grad_fraction": seen.float().mean().item() if seen is not None else 0.0}

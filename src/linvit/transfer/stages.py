@@ -15,7 +15,6 @@ import logging
 import torch
 
 from linvit.config import ConfigError
-from linvit.transfer.config import DistillConfig, FinetuneConfig
 from linvit.io import write_json
 from linvit.models import ModelSpec, create_vit, load_model, read_spec, read_state_dict, save_model
 from linvit.runs.stage import completed_metrics, start_run
@@ -23,8 +22,13 @@ from linvit.train.common import evaluate_init, finish_training, make_loaders
 from linvit.train.loop import evaluate
 from linvit.train.objectives import ClassificationObjective
 from linvit.train.trainer import fit
-from linvit.transfer.distill import (DistillObjective, GradCensus, freeze_except,
-                                     teacher_forced_errors)
+from linvit.transfer.config import DistillConfig, FinetuneConfig
+from linvit.transfer.distill import (
+    DistillObjective,
+    GradCensus,
+    freeze_except,
+    teacher_forced_errors,
+)
 from linvit.transfer.groups import GROUPS
 from linvit.transfer.init import apply_init
 from linvit.transfer.kd import LogitKDObjective

@@ -35,7 +35,7 @@ class InitStrategy:
     def needs_distilled(self) -> bool:
         return bool(self.distilled)
 
-    def with_groups(self, copy=None, distilled=None) -> "InitStrategy":
+    def with_groups(self, copy=None, distilled=None) -> InitStrategy:
         """The same strategy with its groups overridden by config (init.copy / init.distilled)."""
         return InitStrategy(self.name, frozenset(self.copy if copy is None else copy),
                             frozenset(self.distilled if distilled is None else distilled),

@@ -17,7 +17,8 @@ def get_loss(name: str) -> DistillLoss:
     try:
         return LOSSES[name]
     except KeyError:
-        raise ValueError(f"unknown distillation loss {name!r}; allowed: {', '.join(LOSSES)}") from None
+        raise ValueError(f"unknown distillation loss {name!r}; "
+                         f"allowed: {', '.join(LOSSES)}") from None
 
 
 __all__ = ["DistillLoss", "LOSSES", "TARGETS", "get_loss"]

@@ -11,8 +11,8 @@ feature map); V and the output projection get no gradient from it.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
