@@ -39,6 +39,10 @@ STAGES = {
                      "linvit.dense.stages:run_segment", "linvit.dense.config:DenseConfig"),
     "detect": Stage("Mask R-CNN instance segmentation (mmdet) on a linvit backbone",
                     "linvit.dense.stages:run_detect", "linvit.dense.config:DenseConfig"),
+    "attention-maps": Stage("head-mean attention maps of a model on its softmax teacher's "
+                            "tokens, stored for the report's figure",
+                            "linvit.transfer.maps:run_attention_maps",
+                            "linvit.transfer.config:MapsConfig"),
     "bench": Stage("time and peak memory of every operator against tokens, and of whole models "
                    "against resolution; prints the ratio table", "linvit.bench.stage:run_bench",
                    "linvit.bench.config:BenchConfig"),

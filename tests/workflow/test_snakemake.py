@@ -104,8 +104,10 @@ def test_paper_dag_has_the_full_grid(tmp_path):
     cells = sizes * ops * len(paper["strategies"]) * seeds + sizes * seeds + sub_cells
     distills = sizes * ops + sizes * len(sub["operators"]) * len(sub["losses"])
     report_jobs = 8   # grid_document, collect, tables, figures, attention_figure, bench, report, all
+    maps_jobs = 1 + ops   # the first teacher's attention maps and its students' (main loss)
     total = int(re.search(r"^total\s+(\d+)$", run.stdout, re.M).group(1))
-    assert total == sizes + distills + cells + report_jobs
+    assert total == sizes + distills + cells + report_jobs + maps_jobs
+    assert re.search(rf"^attention_maps\s+{maps_jobs}$", run.stdout, re.M)
     assert re.search(rf"^finetune\s+{cells}$", run.stdout, re.M)
 
 
@@ -178,7 +180,8 @@ def test_every_command_keeps_paths_and_keys_whole(tmp_path, mnist_root):
     assert run.returncode == 0, run.stderr[-3000:]
     commands = shell_commands(run.stdout)
     assert set(commands) == {"teacher", "distill", "finetune", "bench", "collect", "tables",
-                             "figures", "attention_figure", "report", "scenes", "dense_job",
+                             "figures", "attention_maps", "attention_figure", "report",
+                             "scenes", "dense_job",
                              "dense_collect", "dense"}
     for rule, lines in commands.items():
         for words in lines:
@@ -196,7 +199,14 @@ def test_every_command_keeps_paths_and_keys_whole(tmp_path, mnist_root):
         f"PYTHONPATH={path}/src"]
     students = commands["attention_figure"][0]
     assert students[students.index("--student-record") + 1] == \
-        f"linear={HOSTILE}/distill/synthetic/cpu96/linear/out/record.json"
+        f"linear={HOSTILE}/maps/synthetic/cpu96/linear/record.json"
+    maps = {words[words.index("-o") + 1]: words for words in commands["attention_maps"]
+            if "attention-maps" in words}
+    linear = maps[f"{HOSTILE}/maps/synthetic/cpu96/linear"]
+    assert f"model={json.dumps(HOSTILE + '/distill/synthetic/cpu96/linear/out/model.safetensors')}" \
+        in linear and "layers=[0, -1]" in linear and "images=1" in linear
+    assert not [w for w in maps[f"{HOSTILE}/maps/synthetic/cpu96/teacher"]
+                if w.startswith("model=")]                 # the teacher's own maps
 
 
 def test_a_job_runs_in_a_results_path_full_of_shell_syntax(project):
@@ -219,6 +229,11 @@ def test_tiny_grid_runs_end_to_end_and_then_has_nothing_to_do(project):
             assert (results / "tables" / f"{name}.{ext}").stat().st_size > 0
     for name in ("accuracy_by_init", "time_to_accuracy", "distill_layers", "attention_maps"):
         assert (results / "figures" / f"{name}.png").stat().st_size > 0
+    maps = {p.parent.name: json.loads(p.read_text())
+            for p in (results / "maps" / "synthetic" / "cpu96").glob("*/record.json")}
+    assert {name: (r["kind"], r["status"]) for name, r in maps.items()} == {
+        name: ("maps", "ok") for name in ("teacher", "linear", "focused")}
+    assert (Path(maps["focused"]["run_dir"]) / "maps.safetensors").is_file()
     records = list((results / "cells").rglob("record.json"))
     assert len(records) == 2 * 3 + 1 + 1
     assert "failed" not in (results / "results.csv").read_text()
@@ -255,6 +270,7 @@ def test_editing_an_operator_reruns_exactly_its_cells(project):
         "distill": {"distill/synthetic/cpu96/focused/out"},
         "finetune": {f"{cells}/random/none/seed0", f"{cells}/copy_mlp/none/seed0",
                      f"{cells}/copy_mlp+distill/out/seed0"},
+        "attention_maps": {"maps/synthetic/cpu96/focused"},
         "attention_figure": {"figures/attention_maps.png"},
         **REPORTING}
 
@@ -270,6 +286,16 @@ def test_editing_plotting_code_reruns_only_figures(project):
     jobs = short(project, edit_and_plan(project, "report/figures.py"))
     assert jobs == {"figures": {"figures/accuracy_by_init.png"}}
     assert tiny(project, "-n").stdout.count("Nothing to be done") == 1   # the edit is undone
+
+
+def test_the_attention_figure_and_its_maps_rerun_apart(project):
+    """Drawing reads stored maps: editing the figure redraws it alone; editing the maps stage
+    retakes every map (and so redraws), and no model code reruns the drawing by itself."""
+    assert short(project, edit_and_plan(project, "report/attention_maps.py")) == {
+        "attention_figure": {"figures/attention_maps.png"}}
+    assert short(project, edit_and_plan(project, "transfer/maps.py")) == {
+        "attention_maps": {f"maps/synthetic/cpu96/{m}" for m in ("teacher", "linear", "focused")},
+        "attention_figure": {"figures/attention_maps.png"}}
 
 
 def test_a_failing_cell_does_not_poison_the_others(project):
@@ -288,6 +314,10 @@ def test_a_failing_cell_does_not_poison_the_others(project):
         assert all(re.match(r"\d+\.\d\d", r.split("|")[4].strip()) for r in rows), main
         report = (project / "results" / "report.md").read_text()
         assert "focused is broken" in report
+        failed = project / "results" / "maps" / "synthetic" / "cpu96" / "focused" / "record.json"
+        assert json.loads(failed.read_text())["status"] == "failed"    # the figure leaves it out
+        figure = project / "results" / "figures" / "attention_maps.png"
+        assert figure.stat().st_mtime_ns > failed.stat().st_mtime_ns     # and is drawn anyway
     finally:
         path.write_text(original)
     fixed = tiny(project)                        # the fix reruns the failed jobs, and only them

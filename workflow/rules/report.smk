@@ -73,27 +73,84 @@ rule figures:
         " --curves {input.curves:q} --layers {input.layers:q} --out {params.out:q} > {log:q} 2>&1"
 
 
+# The attention-map figure: one `linvit attention-maps` job per model drawn (the teacher of the
+# first dataset and size, and each operator's student distilled with the main loss) stores its
+# maps; the figure reads those files only.
+MAPS_TEACHER = "teacher"   # the teacher's own maps; students are named by their operator
+
+
+def maps_dir(dataset, size, model):
+    return f"{RESULTS}/maps/{dataset}/{size}/{model}"
+
+
 def attention_students():
+    """operator -> record.json of the maps job of its distilled student."""
     dataset, size = FIRST
-    return {op: f"{grid.distill_dir(RESULTS, dataset, size, op, config['main_loss'])}/record.json"
-            for op in config["operators"]
+    return {op: f"{maps_dir(dataset, size, op)}/record.json" for op in config["operators"]
             if (dataset, size, op, config["main_loss"]) in grid.distillations(CELLS)}
+
+
+def maps_student(wc):
+    """The distillation whose student the job maps, or None for the teacher's own maps."""
+    if wc.model == MAPS_TEACHER:
+        return None
+    return grid.distill_dir(RESULTS, wc.dataset, wc.size, wc.model, config["main_loss"])
+
+
+def maps_args(wc):
+    student = maps_student(wc)
+    tree = {"teacher": f"{teacher_dir(wc)}/model.safetensors",
+            **({"model": f"{student}/model.safetensors"} if student else {}),
+            "data": dict(config["datasets"][wc.dataset]),
+            "layers": config["figures"]["attention_layers"],
+            "images": config["figures"]["attention_images"]}
+    # --rerun as in every job: the workflow decides when it runs (grid._command)
+    return shlex.join(["attention-maps", "-o", maps_dir(wc.dataset, wc.size, wc.model),
+                       "--rerun", *grid.override_words(tree)])
+
+
+rule attention_maps:
+    input:
+        teacher=lambda wc: f"{teacher_dir(wc)}/record.json",
+        distilled=lambda wc: [f"{maps_student(wc)}/record.json"] if maps_student(wc) else [],
+        code=lambda wc: code("attention-maps",
+                             ["softmax"] + ([wc.model] if maps_student(wc) else []), [],
+                             [wc.dataset]),
+    output:
+        record=f"{RESULTS}/maps/{{dataset}}/{{size}}/{{model}}/record.json",
+    log:
+        f"{RESULTS}/logs/maps/{{dataset}}/{{size}}/{{model}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/maps/{{dataset}}/{{size}}/{{model}}.tsv"
+    wildcard_constraints:
+        model="[^/]+",
+    params:
+        kind="maps",
+        dir=lambda wc: maps_dir(wc.dataset, wc.size, wc.model),
+        key=lambda wc: json.dumps({"dataset": wc.dataset, "size": wc.size,
+                                   "operator": "softmax" if wc.model == MAPS_TEACHER
+                                   else wc.model,
+                                   "model": "teacher" if wc.model == MAPS_TEACHER
+                                   else "distilled"}),
+        args=maps_args,
+    threads: 1
+    resources:
+        gpu=0,
+    shell:
+        RUN_AND_RECORD
 
 
 rule attention_figure:
     input:
-        teacher=f"{grid.teacher_dir(RESULTS, *FIRST)}/record.json",
+        teacher=f"{maps_dir(*FIRST, MAPS_TEACHER)}/record.json",
         students=list(attention_students().values()),
-        code=code("attention", ["softmax", *attention_students()], [], [FIRST[0]]),
+        code=code("attention"),
     output:
         f"{RESULTS}/figures/attention_maps.png",
         f"{RESULTS}/figures/attention_maps.pdf",
     log:
         f"{RESULTS}/logs/attention_figure.log",
     params:
-        data=json.dumps(config["datasets"][FIRST[0]]),
-        layers=config["figures"]["attention_layers"],
-        images=config["figures"]["attention_images"],
         # words, each quoted by {params.students:q}
         students=[word for op, path in attention_students().items()
                   for word in ("--student-record", f"{op}={path}")],
@@ -101,7 +158,6 @@ rule attention_figure:
     threads: 1
     shell:
         "{REPORT} attention --teacher-record {input.teacher:q} {params.students:q}"
-        " --data {params.data:q} --layers {params.layers:q} --images {params.images:q}"
         " --out {params.out:q} > {log:q} 2>&1"
 
 

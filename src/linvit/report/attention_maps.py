@@ -1,93 +1,95 @@
-"""Teacher vs distilled-student attention maps for a few test images and layers.
+"""Teacher vs distilled-student attention maps, drawn from the `linvit attention-maps` jobs' files.
 
-All maps are taken on the same tokens: each student attention gets the teacher's input to that
-layer (as in distillation), so the panels differ only by the operator's token routing. Maps are
-averaged over heads; rows of a map are queries, columns keys (token 0 is the cls token).
+Each job (linvit.transfer.maps) stores the head-mean maps of one model on the teacher's tokens
+for a few test images and layers: maps.safetensors, tensor "maps" of shape (images, layers, N, N)
+with the resolved layers in its metadata. This step reads those files (safetensors and numpy, no
+model code) and draws one row per (image, layer), one column per model. Failed student jobs are
+left out; a failed teacher job gives a figure that says so. Records are read as plain JSON (not
+through report.record, whose run-folder checks reach model code), so this step's code map holds
+no model, data or operator file.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-import torch
+import numpy as np
+from safetensors import safe_open
 
-from linvit.data import get_dataset
-from linvit.models import load_model
+from linvit.io import read_json, sha256_file
 from linvit.render.plotting import plt, save
 
-
-@torch.no_grad()
-def teacher_attention_inputs(teacher, images: torch.Tensor, layers: list[int]) -> dict:
-    inputs, hooks = {}, []
-    for l in layers:
-        def keep(module, args, output, l=l):
-            inputs[l] = args[0]
-        hooks.append(teacher.blocks[l].attn.register_forward_hook(keep))
-    teacher(images)
-    for h in hooks:
-        h.remove()
-    return inputs
+MAPS_FILE = "maps.safetensors"          # linvit.transfer.maps.MAPS_FILE
 
 
-@torch.no_grad()
-def head_mean_map(model, layer: int, tokens: torch.Tensor) -> torch.Tensor:
-    attn = model.blocks[layer].attn
-    q, k, _ = attn.project(tokens)
-    return attn.attention_map(q, k).mean(dim=1)                  # (B, N, N)
+def read_maps(record: dict) -> tuple[np.ndarray, dict]:
+    """(maps, metadata) of an "ok" maps record, its file checked against the checksum the run
+    sealed it with (linvit.runs.rundir)."""
+    path = Path(record["run_dir"]) / MAPS_FILE
+    if sha256_file(path) != record["metrics"]["outputs"][MAPS_FILE]:
+        raise ValueError(f"{path}: changed since its job recorded it; rerun the job")
+    with safe_open(str(path), framework="np") as f:
+        return f.get_tensor("maps"), dict(f.metadata() or {})
 
 
-def attention_figure(teacher_path: str, students: dict[str, str], data: dict,
-                     layers: list[int], n_images: int, out: Path) -> None:
-    teacher = load_model(teacher_path).eval()
-    depth = len(teacher.blocks)
-    layers = [l if l >= 0 else depth + l for l in layers]
-    models = {"softmax teacher": teacher,
-              **{name: load_model(path).eval() for name, path in students.items()}}
-    loader = get_dataset(data["dataset"]).loader(
-        data.get("root"), "test", batch_size=n_images, train=False, img_size=data.get("img_size"),
-        workers=0)
-    images, _ = next(loader.batches(0))
-    tokens = teacher_attention_inputs(teacher, images, layers)
-    rows = [(i, l) for i in range(len(images)) for l in layers]
-    fig, axes = plt.subplots(len(rows), len(models), figsize=(2.2 * len(models), 2.2 * len(rows)),
+def load_panels(teacher: dict, students: dict[str, dict]) -> tuple[dict[str, np.ndarray], list]:
+    """Column title -> maps (images, layers, N, N), teacher first, and the layers; every
+    student's maps must be of the teacher's images, layers and tokens."""
+    maps, meta = read_maps(teacher)
+    layers = json.loads(meta["layers"])
+    panels = {"softmax teacher": maps}
+    for name, record in students.items():
+        theirs, their_meta = read_maps(record)
+        if (theirs.shape, json.loads(their_meta["layers"]), their_meta["teacher"]) != \
+                (maps.shape, layers, meta["teacher"]):
+            raise ValueError(f"{name}: maps of shape {theirs.shape}, layers "
+                             f"{their_meta['layers']} on the tokens of {their_meta['teacher']}; "
+                             f"the teacher's are {maps.shape}, {layers}, {meta['teacher']}")
+        panels[f"{name} (distilled)"] = theirs
+    return panels, layers
+
+
+def draw(panels: dict[str, np.ndarray], layers: list[int], out: Path) -> None:
+    n_images = next(iter(panels.values())).shape[0]
+    rows = [(i, j) for i in range(n_images) for j in range(len(layers))]
+    fig, axes = plt.subplots(len(rows), len(panels), figsize=(2.2 * len(panels), 2.2 * len(rows)),
                              squeeze=False)
-    for r, (i, l) in enumerate(rows):
-        for c, (name, model) in enumerate(models.items()):
+    for r, (i, j) in enumerate(rows):
+        for c, (name, maps) in enumerate(panels.items()):
             ax = axes[r][c]
-            ax.imshow(head_mean_map(model, l, tokens[l][i:i + 1])[0].numpy(), cmap="viridis")
+            ax.imshow(maps[i, j], cmap="viridis")
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
                 ax.set_title(name, fontsize=8)
             if c == 0:
-                ax.set_ylabel(f"image {i}, layer {l}", fontsize=8)
+                ax.set_ylabel(f"image {i}, layer {layers[j]}", fontsize=8)
+    save(fig, out)
+
+
+def draw_failed(error: str, out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5, 1.5))
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"no attention maps: the teacher's maps job failed\n{error[:80]}",
+            ha="center", va="center", fontsize=8)
     save(fig, out)
 
 
 def attention_figure_from_records(teacher_record: str, student_records: dict[str, str],
-                                  data: dict, layers: list[int], n_images: int, out: Path) -> None:
-    """The figure from job records: failed jobs are left out, and a failed teacher gives a
-    figure that says so instead of failing the report."""
-    from linvit.report.record import read_records
-
-    teacher, = read_records([teacher_record])
-    ok = {name: f"{r['run_dir']}/model.safetensors"
-          for name, r in zip(student_records, read_records(student_records.values()))
-          if r["status"] == "ok"}
+                                  out: Path) -> None:
+    """The figure from the maps jobs' records: failed students are left out, and a failed
+    teacher gives a figure that says so instead of failing the report."""
+    teacher, *others = [read_json(p) for p in [teacher_record, *student_records.values()]]
+    wrong = [r["run_dir"] for r in [teacher, *others] if r.get("kind") != "maps"]
+    if wrong:
+        raise ValueError(f"not records of attention-maps jobs: {', '.join(wrong)}")
     if teacher["status"] != "ok":
-        fig, ax = plt.subplots(figsize=(5, 1.5))
-        ax.axis("off")
-        ax.text(0.5, 0.5, f"no attention maps: the teacher job failed\n{teacher['error'][:80]}",
-                ha="center", va="center", fontsize=8)
-        save(fig, out)
+        draw_failed(teacher.get("error", ""), out)
         return
-    attention_figure(f"{teacher['run_dir']}/model.safetensors",
-                     {f"{name} (distilled)": path for name, path in ok.items()}, data, layers,
-                     n_images, out)
+    students = {name: r for name, r in zip(student_records, others) if r["status"] == "ok"}
+    draw(*load_panels(teacher, students), out)
 
 
 def run_step(a) -> None:
-    import json
-
     students = dict(s.split("=", 1) for s in a.student_record)
-    attention_figure_from_records(a.teacher_record, students, json.loads(a.data), a.layers,
-                                  a.images, Path(a.out))
+    attention_figure_from_records(a.teacher_record, students, Path(a.out))

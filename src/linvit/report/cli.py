@@ -4,7 +4,7 @@
     collect    records + grid.json -> results.csv, curves.csv, distill_layers.csv
     tables     results.csv -> tables/*.{csv,md,tex}
     figures    results/curves/distill_layers -> figures/*.{png,pdf}
-    attention  teacher and distilled students -> figures/attention_maps.{png,pdf}
+    attention  attention-map records (linvit attention-maps) -> figures/attention_maps.{png,pdf}
     report     tables + figures -> report.md
     dense      results.csv -> tables/dense.*, figures/dense.*, dense.md
 
@@ -19,7 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m linvit.report.cli", description=__doc__)
     sub = p.add_subparsers(dest="step", required=True)
     r = sub.add_parser("record")
-    r.add_argument("--kind", required=True, choices=["teacher", "distill", "cell", "dense", "bench"])
+    r.add_argument("--kind", required=True,            # record.KINDS (a test holds them equal)
+                   choices=["teacher", "distill", "cell", "dense", "bench", "maps"])
     r.add_argument("--key", required=True, help="JSON object naming the job")
     r.add_argument("--run-dir", required=True)
     r.add_argument("--status", type=int, required=True, help="the linvit run's exit status")
@@ -48,12 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     dn.add_argument("--figures", required=True)
     dn.add_argument("--out", required=True)
     at = sub.add_parser("attention")
-    at.add_argument("--teacher-record", required=True, help="the teacher job's record.json")
+    at.add_argument("--teacher-record", required=True,
+                    help="record.json of the maps job of the teacher")
     at.add_argument("--student-record", action="append", default=[],
-                    help="NAME=record.json of a distillation job")
-    at.add_argument("--data", required=True, help="JSON data config (dataset, root, img_size)")
-    at.add_argument("--layers", type=int, nargs="+", default=[0, -1])
-    at.add_argument("--images", type=int, default=2)
+                    help="NAME=record.json of the maps job of a distilled student")
     at.add_argument("--out", required=True, help="output path without extension")
     return p
 

@@ -14,11 +14,17 @@ from linvit.io import loads, read_json, write_json
 from linvit.runs.rundir import verified_metrics
 
 LOG_TAIL_LINES = 30
+# What made the record: a workflow job of one of these kinds. "maps" (attention maps for the
+# figure) never reaches collection. report/cli.py's --kind choices repeat these (a test holds
+# them equal: the CLI imports no step module before it runs).
+KINDS = ("teacher", "distill", "cell", "dense", "bench", "maps")
 
 
 def make_record(kind: str, key: dict, run_dir: str | Path, exit_status: int,
                 log: str | Path | None = None) -> dict:
     """"ok" only for a run that exited 0 and whose outputs verify (linvit.runs.rundir)."""
+    if kind not in KINDS:
+        raise ValueError(f"record kind {kind!r} is not one of: {', '.join(KINDS)}")
     run_dir = Path(run_dir)
     record = {"kind": kind, "key": key, "run_dir": str(run_dir), "exit_status": exit_status}
     metrics = verified_metrics(run_dir) if exit_status == 0 else None

@@ -42,6 +42,7 @@ STAGE_FILES = {
     "init": (("model.safetensors", "copied.json"), ("init_metrics.json",)),
     "evaluate": ((), ()),
     "import-teacher": (("model.safetensors",), ()),
+    "attention-maps": (("maps.safetensors",), ()),
     "make-scenes": (("MANIFEST.json", "images", "annotations", "coco"), ()),
     "segment": ((), ("work",)),
     "detect": ((), ("work",)),

@@ -114,3 +114,23 @@ class FinetuneConfig:
         if self.init.resolve().needs_distilled and self.distilled is None:
             raise ConfigError(f"distilled: strategy {self.init.strategy!r} needs a distilled "
                               "student (the output of `linvit distill`)")
+
+
+@dataclass
+class MapsConfig:
+    """`linvit attention-maps`: head-mean attention maps of `model` on the teacher's tokens."""
+    teacher: str | None = None        # the (softmax) teacher: its attention inputs are the tokens
+    model: str | None = None          # whose maps are taken; None: the teacher's own
+    data: DataCfg = field(default_factory=DataCfg)
+    layers: list[int] = field(default_factory=lambda: [0, -1])   # negative: from the end
+    images: int = 2                   # the first test images
+    run: RunCfg = field(default_factory=RunCfg)
+
+    def validate(self, p: str) -> None:
+        if self.teacher is None:
+            raise ConfigError("teacher: required (a softmax teacher's model.safetensors)")
+        existing_file("teacher", self.teacher)
+        existing_file("model", self.model)
+        if not self.layers:
+            raise ConfigError("layers: name at least one block (negative counts from the end)")
+        positive("images", self.images)
