@@ -10,6 +10,7 @@ import os
 import sys
 from typing import NamedTuple
 
+
 class Stage(NamedTuple):
     help: str
     entry: str          # "module:function", called as function(cfg, out, replace=...)

@@ -103,7 +103,8 @@ def test_paper_dag_has_the_full_grid(tmp_path):
     sub_cells = sizes * len(sub["operators"]) * len(sub["strategies"]) * len(sub["losses"]) * seeds
     cells = sizes * ops * len(paper["strategies"]) * seeds + sizes * seeds + sub_cells
     distills = sizes * ops + sizes * len(sub["operators"]) * len(sub["losses"])
-    report_jobs = 8   # grid_document, collect, tables, figures, attention_figure, bench, report, all
+    # grid_document, collect, tables, figures, attention_figure, bench, report, all
+    report_jobs = 8
     maps_jobs = 1 + ops   # the first teacher's attention maps and its students' (main loss)
     total = int(re.search(r"^total\s+(\d+)$", run.stdout, re.M).group(1))
     assert total == sizes + distills + cells + report_jobs + maps_jobs
@@ -203,8 +204,8 @@ def test_every_command_keeps_paths_and_keys_whole(tmp_path, mnist_root):
     maps = {words[words.index("-o") + 1]: words for words in commands["attention_maps"]
             if "attention-maps" in words}
     linear = maps[f"{HOSTILE}/maps/synthetic/cpu96/linear"]
-    assert f"model={json.dumps(HOSTILE + '/distill/synthetic/cpu96/linear/out/model.safetensors')}" \
-        in linear and "layers=[0, -1]" in linear and "images=1" in linear
+    student = f"{HOSTILE}/distill/synthetic/cpu96/linear/out/model.safetensors"
+    assert f"model={json.dumps(student)}" in linear and "layers=[0, -1]" in linear and "images=1" in linear
     assert not [w for w in maps[f"{HOSTILE}/maps/synthetic/cpu96/teacher"]
                 if w.startswith("model=")]                 # the teacher's own maps
 

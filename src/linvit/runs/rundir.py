@@ -22,11 +22,21 @@ import shutil
 import sys
 from pathlib import Path
 
-from linvit.errors import CheckpointError, RunDirError, RunFailed
 import yaml
 
-from linvit.io import (dumps, file_mode, load_yaml, loads, read_json, remove_temporaries,
-                       sha256_file, write_json, write_text, write_yaml)
+from linvit.errors import CheckpointError, RunDirError, RunFailed
+from linvit.io import (
+    dumps,
+    file_mode,
+    load_yaml,
+    loads,
+    read_json,
+    remove_temporaries,
+    sha256_file,
+    write_json,
+    write_text,
+    write_yaml,
+)
 
 MARKER = ".linvit-run"
 LOCK = ".linvit-lock"

@@ -4,7 +4,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from linvit.config import ConfigError, DataCfg, ModelCfg, OptimCfg, RunCfg, check_spec, existing_file, image_size, one_of, positive
+from linvit.config import (
+    ConfigError,
+    DataCfg,
+    ModelCfg,
+    OptimCfg,
+    RunCfg,
+    check_spec,
+    existing_file,
+    image_size,
+    one_of,
+    positive,
+)
 from linvit.models import SIZES, ModelSpec
 from linvit.transfer.groups import GROUPS
 from linvit.transfer.losses import LOSSES
