@@ -97,9 +97,15 @@ def _command(stage: str, out_dir: str, tree: dict) -> str:
     return shlex.join([stage, "-o", out_dir, "--rerun", *override_words(tree)])
 
 
+def teacher_stage(config: dict, size: str) -> str:
+    """The CLI stage that makes the teacher of `size`: imported timm weights, or pretraining."""
+    source = config.get("teachers", {}).get(size, {}).get("source", "pretrain")
+    return "import-teacher" if source == "timm" else "pretrain"
+
+
 def teacher_args(config: dict, dataset: str, size: str, out_dir: str) -> str:
     teacher = config.get("teachers", {}).get(size, {"source": "pretrain"})
-    if teacher["source"] == "timm":
+    if teacher_stage(config, size) == "import-teacher":
         tree = {"size": size, "file": teacher.get("file"), "reset_head": True,
                 **_data(config, dataset)}
         return _command("import-teacher", out_dir, tree)
@@ -125,6 +131,37 @@ def finetune_args(config: dict, cell: Cell, teacher_model: str, distilled_model:
                    "model": {"operator": cell.operator}, "init": {"strategy": cell.init},
                    "run": {"seed": cell.seed}})
     return _command("finetune", out_dir, tree)
+
+
+# --- attention maps: the teacher's and its distilled students' (main loss), on one panel ---------
+MAPS_TEACHER = "teacher"      # the teacher's own maps; a student's are named by its operator
+
+
+def attention_panel(config: dict) -> tuple[str, str]:
+    """(dataset, size) of the attention-map figure: the first of each."""
+    return next(iter(config["datasets"])), config["sizes"][0]
+
+
+def attention_models(config: dict, cells: list[Cell]) -> list[str]:
+    """The maps jobs of the figure: the teacher, then each operator with a main-loss student."""
+    dataset, size = attention_panel(config)
+    done = distillations(cells)
+    return [MAPS_TEACHER] + [op for op in config["operators"]
+                             if (dataset, size, op, config["main_loss"]) in done]
+
+
+def maps_dir(results: str, dataset: str, size: str, model: str) -> str:
+    return f"{results}/maps/{dataset}/{size}/{model}"
+
+
+def maps_args(config: dict, dataset: str, size: str, teacher_model: str,
+              student_model: str | None, out_dir: str) -> str:
+    tree = {"teacher": teacher_model,
+            **({"model": student_model} if student_model else {}),
+            **_data(config, dataset),
+            "layers": config["figures"]["attention_layers"],
+            "images": config["figures"]["attention_images"]}
+    return _command("attention-maps", out_dir, tree)
 
 
 # --- checks and the grid document ---------------------------------------------------------------
@@ -240,6 +277,10 @@ def job_arguments(config: dict, existing_file: str) -> list[tuple[str, str, str]
               distill_args(config, *k, x, "x")) for k in distillations(cells)]
     jobs += [("stages.finetune", cell_dir("", c),
               finetune_args(config, c, x, x if c.needs_distill else None, "x")) for c in cells]
+    dataset, size = attention_panel(config)
+    jobs += [("figures", maps_dir("", dataset, size, m),
+              maps_args(config, dataset, size, x, None if m == MAPS_TEACHER else x, "x"))
+             for m in attention_models(config, cells)]
     if config.get("dense"):
         jobs.append(("dense.scenes", "scenes", scenes_args(config, "x")))
         jobs += [(f"dense.stages.{j.task}", dense_dir("", j),

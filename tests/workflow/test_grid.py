@@ -128,8 +128,9 @@ def test_schema_repeats_the_grid_rules():
 
 
 def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
-    """Each teacher, distillation, cell, dense job and the benchmark is built into its stage's
-    config, so an override that only some jobs reject is found before any job runs."""
+    """Each teacher, distillation, cell, attention-maps job, dense job and the benchmark is built
+    into its stage's config, so an override that only some jobs reject is found before any job
+    runs."""
     import linvit.config
     config = default_config()
     built, load = [], linvit.config.load_config
@@ -143,7 +144,7 @@ def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
                       "DistillConfig": len(grid.distillations(cells)),
                       "FinetuneConfig": len(cells),
                       "ScenesConfig": 1, "DenseConfig": len(grid.dense_jobs(config, cells)),
-                      "BenchConfig": 1}
+                      "BenchConfig": 1, "MapsConfig": len(grid.attention_models(config, cells))}
     seeds = {o for _, overrides in built for o in overrides if o.startswith("init.strategy=")}
     assert len(seeds) == len(config["strategies"])
     # an operator option that suits one operator of the grid is fine when only it gets it
@@ -157,7 +158,10 @@ def test_check_config_covers_the_paper_grid():
     config = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
     jobs = grid.job_arguments(config, str(ROOT / "Snakefile"))
     cells = grid.expand_grid(config)
-    assert len(jobs) == len(grid.teachers(cells)) + len(grid.distillations(cells)) + len(cells) + 1
+    maps = grid.attention_models(config, cells)
+    assert maps[0] == grid.MAPS_TEACHER and len(maps) == 1 + len(config["operators"])
+    assert len(jobs) == (len(grid.teachers(cells)) + len(grid.distillations(cells)) + len(cells)
+                         + len(maps) + 1)
     assert {field for field, _, _ in jobs} >= {"teachers.deit_t", "stages.finetune", "bench"}
     grid.check_config(config, str(ROOT / "Snakefile"))
 

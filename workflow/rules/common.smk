@@ -32,8 +32,14 @@ wildcard_constraints:
 
 
 def code(stage, operators=(), losses=(), datasets=()):
-    """The src files a job of `stage` runs: editing one of them reruns exactly these jobs."""
+    """The src files a job of `stage` runs: editing one of them reruns exactly these jobs.
+    Names are registry names (a grid's dataset entries: registry_dataset)."""
     return [str(p) for p in deps.stage_sources(stage, operators, losses, datasets)]
+
+
+def registry_dataset(name):
+    """The dataset registry entry a grid dataset (a key of config["datasets"]) reads."""
+    return config["datasets"][name]["dataset"]
 
 
 def teacher_dir(wc):

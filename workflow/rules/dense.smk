@@ -32,7 +32,7 @@ rule dense_job:
         backbone=lambda wc: f"{backbone_dir(wc)}/record.json",
         scenes=f"{SCENES}/MANIFEST.json",
         code=lambda wc: code(wc.task, ["softmax", dense_job(wc).key()["operator"]], [],
-                             [config["datasets"][wc.dataset]["dataset"]]),
+                             [registry_dataset(wc.dataset)]),
     output:
         record=f"{RESULTS}/dense/{{task}}/{{dataset}}/{{size}}/{{backbone}}/record.json",
     log:

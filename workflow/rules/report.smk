@@ -1,7 +1,7 @@
 # Collection and reporting: records -> results.csv -> tables, figures -> report.md.
 TABLES = ["main", "loss_design", "by_dataset", "by_size"]
 FIGURES = ["accuracy_by_init", "time_to_accuracy", "distill_layers"]
-FIRST = (next(iter(config["datasets"])), config["sizes"][0])   # the attention-map panel
+FIRST = grid.attention_panel(config)   # (dataset, size) of the attention-map figure
 
 
 def all_records():
@@ -76,37 +76,26 @@ rule figures:
 # The attention-map figure: one `linvit attention-maps` job per model drawn (the teacher of the
 # first dataset and size, and each operator's student distilled with the main loss) stores its
 # maps; the figure reads those files only.
-MAPS_TEACHER = "teacher"   # the teacher's own maps; students are named by their operator
-
-
-def maps_dir(dataset, size, model):
-    return f"{RESULTS}/maps/{dataset}/{size}/{model}"
 
 
 def attention_students():
     """operator -> record.json of the maps job of its distilled student."""
-    dataset, size = FIRST
-    return {op: f"{maps_dir(dataset, size, op)}/record.json" for op in config["operators"]
-            if (dataset, size, op, config["main_loss"]) in grid.distillations(CELLS)}
+    return {m: f"{grid.maps_dir(RESULTS, *FIRST, m)}/record.json"
+            for m in grid.attention_models(config, CELLS) if m != grid.MAPS_TEACHER}
 
 
 def maps_student(wc):
     """The distillation whose student the job maps, or None for the teacher's own maps."""
-    if wc.model == MAPS_TEACHER:
+    if wc.model == grid.MAPS_TEACHER:
         return None
     return grid.distill_dir(RESULTS, wc.dataset, wc.size, wc.model, config["main_loss"])
 
 
 def maps_args(wc):
     student = maps_student(wc)
-    tree = {"teacher": f"{teacher_dir(wc)}/model.safetensors",
-            **({"model": f"{student}/model.safetensors"} if student else {}),
-            "data": dict(config["datasets"][wc.dataset]),
-            "layers": config["figures"]["attention_layers"],
-            "images": config["figures"]["attention_images"]}
-    # --rerun as in every job: the workflow decides when it runs (grid._command)
-    return shlex.join(["attention-maps", "-o", maps_dir(wc.dataset, wc.size, wc.model),
-                       "--rerun", *grid.override_words(tree)])
+    return grid.maps_args(config, wc.dataset, wc.size, f"{teacher_dir(wc)}/model.safetensors",
+                          f"{student}/model.safetensors" if student else None,
+                          grid.maps_dir(RESULTS, wc.dataset, wc.size, wc.model))
 
 
 rule attention_maps:
@@ -115,7 +104,7 @@ rule attention_maps:
         distilled=lambda wc: [f"{maps_student(wc)}/record.json"] if maps_student(wc) else [],
         code=lambda wc: code("attention-maps",
                              ["softmax"] + ([wc.model] if maps_student(wc) else []), [],
-                             [wc.dataset]),
+                             [registry_dataset(wc.dataset)]),
     output:
         record=f"{RESULTS}/maps/{{dataset}}/{{size}}/{{model}}/record.json",
     log:
@@ -126,11 +115,11 @@ rule attention_maps:
         model="[^/]+",
     params:
         kind="maps",
-        dir=lambda wc: maps_dir(wc.dataset, wc.size, wc.model),
+        dir=lambda wc: grid.maps_dir(RESULTS, wc.dataset, wc.size, wc.model),
         key=lambda wc: json.dumps({"dataset": wc.dataset, "size": wc.size,
-                                   "operator": "softmax" if wc.model == MAPS_TEACHER
+                                   "operator": "softmax" if wc.model == grid.MAPS_TEACHER
                                    else wc.model,
-                                   "model": "teacher" if wc.model == MAPS_TEACHER
+                                   "model": "teacher" if wc.model == grid.MAPS_TEACHER
                                    else "distilled"}),
         args=maps_args,
     threads: 1
@@ -142,7 +131,7 @@ rule attention_maps:
 
 rule attention_figure:
     input:
-        teacher=f"{maps_dir(*FIRST, MAPS_TEACHER)}/record.json",
+        teacher=f"{grid.maps_dir(RESULTS, *FIRST, grid.MAPS_TEACHER)}/record.json",
         students=list(attention_students().values()),
         code=code("attention"),
     output:

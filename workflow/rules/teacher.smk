@@ -3,7 +3,8 @@
 
 rule teacher:
     input:
-        code=lambda wc: code("pretrain", ["softmax"], [], [wc.dataset]),
+        code=lambda wc: code(grid.teacher_stage(config, wc.size), ["softmax"], [],
+                             [registry_dataset(wc.dataset)]),
     output:
         record=f"{RESULTS}/teachers/{{dataset}}/{{size}}/record.json",
     log:

@@ -5,7 +5,7 @@ rule distill:
     input:
         teacher=lambda wc: f"{teacher_dir(wc)}/record.json",
         code=lambda wc: code("distill", ["softmax", wc.operator],
-                             list(config["losses"][wc.loss]), [wc.dataset]),
+                             list(config["losses"][wc.loss]), [registry_dataset(wc.dataset)]),
     output:
         record=f"{RESULTS}/distill/{{dataset}}/{{size}}/{{operator}}/{{loss}}/record.json",
     log:
@@ -41,7 +41,8 @@ rule finetune:
     input:
         teacher=lambda wc: f"{teacher_dir(wc)}/record.json",
         distilled=distilled_input,
-        code=lambda wc: code("finetune", ["softmax", wc.operator], [], [wc.dataset]),
+        code=lambda wc: code("finetune", ["softmax", wc.operator], [],
+                             [registry_dataset(wc.dataset)]),
     output:
         record=f"{RESULTS}/cells/{{dataset}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}/record.json",
     log:

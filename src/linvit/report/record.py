@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from linvit.io import loads, read_json, write_json
-from linvit.runs.rundir import verified_metrics
+from linvit.runs.verify import verified_metrics
 
 LOG_TAIL_LINES = 30
 # What made the record: a workflow job of one of these kinds. "maps" (attention maps for the

@@ -37,6 +37,7 @@ from linvit.io import (
     write_text,
     write_yaml,
 )
+from linvit.runs.verify import verified_metrics
 
 MARKER = ".linvit-run"
 LOCK = ".linvit-lock"
@@ -109,27 +110,6 @@ def owned_names(stage: str) -> list[str]:
 
 
 ALL_OWNED = {name for stage in STAGE_FILES for name in owned_names(stage)}
-
-
-def verified_metrics(path: str | Path) -> dict | None:
-    """The metrics of a complete run in `path`, or None: complete means metrics.json is strict
-    JSON and every output it lists is present and has the checksum written with it."""
-    path = Path(path)
-    try:
-        metrics = read_json(path / "metrics.json")
-        files = metrics["outputs"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(files, dict):
-        return None
-    for name, digest in files.items():
-        target = path / name
-        if digest is None:
-            if not target.exists():
-                return None
-        elif not target.is_file() or sha256_file(target) != digest:
-            return None
-    return metrics
 
 
 class RunDir:
