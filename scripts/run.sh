@@ -9,5 +9,10 @@ if [[ " $* " == *" dense "* ]]; then ./scripts/setup.sh --dense; else ./scripts/
 .venv/bin/snakemake --cores 2 --workflow-profile workflow/profiles/local "$@"
 results=$(.venv/bin/python -c "import yaml; print(yaml.safe_load(open('config/config.yaml'))['results'])")
 if [ -f "$results/tables/main.md" ] && [[ " $* " != *" -n "* ]]; then
-  echo; cat "$results/tables/main.md"; echo; echo "report: $results/report.md"
+  # Snakemake's HTML report beside report.md: the tables and figures with their captions
+  .venv/bin/snakemake --workflow-profile workflow/profiles/local "$@" \
+    --report "$results/report.html" >"$results/logs/report_html.log" 2>&1 \
+    || echo "snakemake --report failed: see $results/logs/report_html.log" >&2
+  echo; cat "$results/tables/main.md"; echo
+  echo "report: $results/report.md (and $results/report.html, Snakemake's report)"
 fi
