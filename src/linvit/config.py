@@ -26,7 +26,7 @@ from linvit.attention import OPERATORS, check_options
 from linvit.data import DATASETS
 from linvit.errors import ConfigError
 from linvit.io import load_yaml
-from linvit.models import SIZES
+from linvit.models import SIZES, ModelSpec
 from linvit.trees import deep_merge
 
 
@@ -43,6 +43,13 @@ def positive(path: str, value, allow_zero: bool = False) -> None:
 def existing_file(path: str, value) -> None:
     if value is not None and not Path(value).is_file():
         raise ConfigError(f"{path}: file not found: {value}")
+
+
+def required_file(path: str, value, what: str = "") -> None:
+    """A field naming an input file that must be given and must exist."""
+    if value is None:
+        raise ConfigError(f"{path}: required{f' ({what})' if what else ''}")
+    existing_file(path, value)
 
 
 def in_range(path: str, value, low, high) -> None:
@@ -108,6 +115,13 @@ class DataCfg:
             raise ConfigError(f"{p}.train_subset: {self.train_subset} samples make no batch of "
                               f"{p}.batch_size={self.batch_size} (training drops partial batches)")
         image_size(p, self)
+
+def check_model(model: ModelCfg, data: DataCfg) -> None:
+    """A model of these sections can be built on this data: its patch grid tiles the images and
+    its operator options are typed (class and channel counts do not matter here)."""
+    check_spec("model", ModelSpec(model.size, model.operator, 1, image_size("data", data), 1,
+                                  model.operator_options, model.drop_path))
+
 
 @dataclass
 class OptimCfg:

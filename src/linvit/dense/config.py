@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from linvit.config import ConfigError, RunCfg, existing_file, one_of, positive
+from linvit.config import ConfigError, RunCfg, one_of, positive, required_file
 from linvit.data import DATASETS
 from linvit.dense.scenes import SceneSpec
 
@@ -71,7 +71,5 @@ class DenseConfig:
     run: RunCfg = field(default_factory=lambda: RunCfg(eval_every=0))
 
     def validate(self, p: str) -> None:
-        if self.checkpoint is None:
-            raise ConfigError("checkpoint: required (a linvit model.safetensors)")
-        existing_file("checkpoint", self.checkpoint)
+        required_file("checkpoint", self.checkpoint, "a linvit model.safetensors")
         one_of("pretrain_dataset", self.pretrain_dataset, DATASETS)

@@ -9,10 +9,12 @@ from linvit.config import (
     ModelCfg,
     OptimCfg,
     RunCfg,
+    check_model,
     check_spec,
     existing_file,
     image_size,
     one_of,
+    required_file,
 )
 from linvit.models import SIZES, ModelSpec
 
@@ -27,9 +29,7 @@ class PretrainConfig:
     def validate(self, p: str) -> None:
         if self.model.size is None:
             raise ConfigError("model.size: required for pretraining")
-        spec = ModelSpec(self.model.size, self.model.operator, 1, image_size("data", self.data),
-                         1, self.model.operator_options, self.model.drop_path)
-        check_spec("model", spec)
+        check_model(self.model, self.data)
 
 
 @dataclass
@@ -39,9 +39,7 @@ class EvaluateConfig:
     run: RunCfg = field(default_factory=RunCfg)
 
     def validate(self, p: str) -> None:
-        if self.checkpoint is None:
-            raise ConfigError("checkpoint: required")
-        existing_file("checkpoint", self.checkpoint)
+        required_file("checkpoint", self.checkpoint)
 
 
 @dataclass

@@ -10,13 +10,13 @@ from linvit.config import (
     ModelCfg,
     OptimCfg,
     RunCfg,
-    check_spec,
+    check_model,
     existing_file,
-    image_size,
     one_of,
     positive,
+    required_file,
 )
-from linvit.models import SIZES, ModelSpec
+from linvit.models import SIZES
 from linvit.transfer.groups import GROUPS
 from linvit.transfer.losses import LOSSES
 from linvit.transfer.strategies import STRATEGIES
@@ -25,11 +25,8 @@ from linvit.transfer.strategies import STRATEGIES
 def check_student(cfg) -> None:
     """With model.size given, the student must be buildable on this data. The checks that need
     the teacher's own spec (size, classes, depth) run in the stage, before its first write."""
-
     if cfg.model.size is not None:
-        check_spec("model", ModelSpec(cfg.model.size, cfg.model.operator, 1,
-                                       image_size("data", cfg.data), 1,
-                                       cfg.model.operator_options, cfg.model.drop_path))
+        check_model(cfg.model, cfg.data)
 
 
 @dataclass
@@ -92,9 +89,7 @@ class DistillConfig:
     run: RunCfg = field(default_factory=RunCfg)
 
     def validate(self, p: str) -> None:
-        if self.teacher is None:
-            raise ConfigError("teacher: required (a softmax teacher's model.safetensors)")
-        existing_file("teacher", self.teacher)
+        required_file("teacher", self.teacher, "a softmax teacher's model.safetensors")
         check_student(self)
         if self.model.size is not None:
             depth = SIZES[self.model.size].depth
@@ -116,10 +111,8 @@ class FinetuneConfig:
     run: RunCfg = field(default_factory=RunCfg)
 
     def validate(self, p: str) -> None:
-        if self.teacher is None:
-            raise ConfigError("teacher: required (the softmax teacher's model.safetensors; "
-                              "strategy 'random' uses it for the model shape)")
-        existing_file("teacher", self.teacher)
+        required_file("teacher", self.teacher, "the softmax teacher's model.safetensors; "
+                      "strategy 'random' uses it for the model shape")
         existing_file("distilled", self.distilled)
         check_student(self)
         if self.init.resolve().needs_distilled and self.distilled is None:
@@ -138,9 +131,7 @@ class MapsConfig:
     run: RunCfg = field(default_factory=RunCfg)
 
     def validate(self, p: str) -> None:
-        if self.teacher is None:
-            raise ConfigError("teacher: required (a softmax teacher's model.safetensors)")
-        existing_file("teacher", self.teacher)
+        required_file("teacher", self.teacher, "a softmax teacher's model.safetensors")
         existing_file("model", self.model)
         if not self.layers:
             raise ConfigError("layers: name at least one block (negative counts from the end)")
