@@ -243,6 +243,24 @@ def test_tiny_grid_runs_end_to_end_and_then_has_nothing_to_do(project):
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
 
+def test_snakemakes_html_report_shows_tables_and_figures_with_captions(project):
+    """`snakemake --report` (after the run above): one HTML file holding every table and figure
+    the report rules mark, each with its caption from workflow/report/."""
+    out = project / "results" / "report.html"
+    run = tiny(project, "--report", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    html = out.read_text()
+    for name in ("main.md", "loss_design.md", "by_dataset.md", "by_size.md", "report.md",
+                 "accuracy_by_init.png", "time_to_accuracy.png", "distill_layers.png",
+                 "attention_maps.png"):
+        assert name in html, name
+    captions = [(project / "workflow" / "report" / f"{c}.rst").read_text().split()[:6]
+                for c in ("table", "figure", "attention_maps", "report_md")]
+    for words in captions:
+        assert " ".join(words).replace("``", "") in html.replace("<code>", "").replace(
+            "</code>", ""), words
+
+
 def edit_and_plan(project: Path, rel: str, extra: str = "\n# an edit\n") -> dict[str, set[str]]:
     path = project / "src" / "linvit" / rel
     original = path.read_text()

@@ -4,6 +4,11 @@ FIGURES = ["accuracy_by_init", "time_to_accuracy", "distill_layers"]
 FIRST = grid.attention_panel(config)   # (dataset, size) of the attention-map figure
 
 
+def in_report(path, caption, category, **labels):
+    """An output that `snakemake --report` shows, captioned by workflow/report/<caption>.rst."""
+    return report(path, caption=f"../report/{caption}.rst", category=category, labels=labels)
+
+
 def all_records():
     records = [f"{grid.teacher_dir(RESULTS, d, s)}/record.json" for d, s in grid.teachers(CELLS)]
     records += [f"{grid.distill_dir(RESULTS, *k)}/record.json" for k in grid.distillations(CELLS)]
@@ -45,7 +50,9 @@ rule tables:
         results=f"{RESULTS}/results.csv",
         code=code("tables"),
     output:
-        expand(f"{RESULTS}/tables/{{name}}.{{ext}}", name=TABLES, ext=["csv", "md", "tex"]),
+        [in_report(f"{RESULTS}/tables/{name}.md", "table", "Tables", table=name)
+         for name in TABLES],
+        expand(f"{RESULTS}/tables/{{name}}.{{ext}}", name=TABLES, ext=["csv", "tex"]),
     log:
         f"{RESULTS}/logs/tables.log",
     params:
@@ -63,7 +70,9 @@ rule figures:
         layers=f"{RESULTS}/distill_layers.csv",
         code=code("figures"),
     output:
-        expand(f"{RESULTS}/figures/{{name}}.{{ext}}", name=FIGURES, ext=["png", "pdf"]),
+        [in_report(f"{RESULTS}/figures/{name}.png", "figure", "Figures", figure=name)
+         for name in FIGURES],
+        expand(f"{RESULTS}/figures/{{name}}.pdf", name=FIGURES),
     log:
         f"{RESULTS}/logs/figures.log",
     params:
@@ -135,7 +144,8 @@ rule attention_figure:
         students=list(attention_students().values()),
         code=code("attention"),
     output:
-        f"{RESULTS}/figures/attention_maps.png",
+        in_report(f"{RESULTS}/figures/attention_maps.png", "attention_maps", "Figures",
+                  figure="attention_maps"),
         f"{RESULTS}/figures/attention_maps.pdf",
     log:
         f"{RESULTS}/logs/attention_figure.log",
@@ -161,7 +171,7 @@ rule report:
         bench=[f"{RESULTS}/bench/record.json"] if config.get("bench") else [],
         code=code("report"),
     output:
-        f"{RESULTS}/report.md",
+        in_report(f"{RESULTS}/report.md", "report_md", "Report", document="report.md"),
     log:
         f"{RESULTS}/logs/report.log",
     params:
