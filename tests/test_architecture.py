@@ -93,3 +93,17 @@ def test_every_stage_package_exists():
     """The lists above name real packages (a renamed package would make the checks vacuous)."""
     units = set(unit_graph(deps.import_graph()))
     assert set(STAGE_PACKAGES) <= units, sorted(set(STAGE_PACKAGES) - units)
+
+
+def test_every_cli_stage_has_its_run_files_and_a_code_map():
+    """The CLI's stage table is the one list of stages: each has the files its run folder holds
+    (runs.rundir.STAGE_FILES) and entry modules for the workflow's code map (deps)."""
+    from linvit.cli import STAGES
+    from linvit.runs.rundir import STAGE_FILES
+
+    assert set(STAGE_FILES) == set(STAGES)
+    entries = deps.stage_entries()
+    for name, stage in STAGES.items():
+        files = deps.closure(entries[name])
+        for target in (stage.entry, stage.config):
+            assert deps.module_file(target.split(":")[0]) in files, (name, target)
