@@ -50,9 +50,10 @@ rule tables:
         results=f"{RESULTS}/results.csv",
         code=code("tables"),
     output:
+        expand(f"{RESULTS}/tables/{{name}}.csv", name=TABLES),
         [in_report(f"{RESULTS}/tables/{name}.md", "table", "Tables", table=name)
          for name in TABLES],
-        expand(f"{RESULTS}/tables/{{name}}.{{ext}}", name=TABLES, ext=["csv", "tex"]),
+        expand(f"{RESULTS}/tables/{{name}}.tex", name=TABLES),
     log:
         f"{RESULTS}/logs/tables.log",
     params:
