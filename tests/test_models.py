@@ -17,6 +17,7 @@ from linvit.models import (
     create_vit,
     load_model,
     load_strict,
+    read_spec,
     read_state_dict,
     save_model,
 )
@@ -43,6 +44,22 @@ def test_sizes_build_with_their_shapes(size):
     s = SIZES[size]
     assert model.embed_dim == s.width and len(model.blocks) == s.depth
     assert model.blocks[0].attn.num_heads == s.heads
+
+
+def test_a_model_carries_its_spec_and_only_such_a_model_is_saved(tmp_path, tiny_spec):
+    """The spec travels with the model that create_vit built (and into its file); a module without
+    one, such as timm's own ViT, is refused rather than saved without a spec."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = create_vit(tiny_spec)
+    assert model.spec == tiny_spec and "spec" not in model.state_dict()
+    save_model(model, tmp_path / "m.safetensors")
+    assert read_spec(tmp_path / "m.safetensors") == tiny_spec
+    plain = VisionTransformer(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=96,
+                              depth=1, num_heads=2)
+    with pytest.raises(TypeError, match="built by create_vit"):
+        save_model(plain, tmp_path / "plain.safetensors")
+    assert not (tmp_path / "plain.safetensors").exists()
 
 
 def assert_same_tensors(loaded: dict, saved: dict) -> None:
