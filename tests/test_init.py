@@ -22,6 +22,27 @@ from conftest import make_model, perturb
 SPEC = ModelSpec("cpu96", "softmax", num_classes=10, img_size=28, in_chans=1)
 
 
+# The paper's strategies, written out independently of linvit.transfer.strategies: the generated
+# tests below check that apply_init does what the registry declares, this checks the declarations.
+PAPER_STEM = {"embed", "norm", "head"}
+PAPER = {
+    "random": (set(), set()),
+    "copy_embed": (PAPER_STEM, set()),
+    "copy_attn": (PAPER_STEM | {"attn"}, set()),
+    "copy_mlp": (PAPER_STEM | {"mlp"}, set()),
+    "copy_all": (PAPER_STEM | {"attn", "mlp"}, set()),
+    "distill": (set(), {"attn"}),
+    "copy_mlp+distill": (PAPER_STEM | {"mlp"}, {"attn"}),
+}
+
+
+def test_registry_declares_the_papers_strategies():
+    assert set(PAPER) <= set(STRATEGIES)
+    for name, (copy, distilled) in PAPER.items():
+        s = get_strategy(name)
+        assert (set(s.copy), set(s.distilled)) == (copy, distilled), name
+
+
 def naive_group(name: str) -> str:
     if name.startswith(("patch_embed.", "pos_embed", "cls_token")):
         return "embed"

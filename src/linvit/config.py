@@ -291,7 +291,3 @@ def _coerce(tp, value, path: str):
     if tp is float and not math.isfinite(value):
         raise ConfigError(f"{path}: must be a finite number, got {value}")
     return value
-
-
-def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)

@@ -16,6 +16,7 @@ from pathlib import Path
 PACKAGE_ROOT = Path(__file__).resolve().parent          # src/linvit
 SRC_ROOT = PACKAGE_ROOT.parent                           # src
 
+@cache
 def stage_entries() -> dict[str, list[str]]:
     """Entry modules of every job kind: each CLI stage (cli.STAGES: the CLI, the stage's module
     and its config's module) and each reporting step (report.cli.COMMANDS). cli.py dispatches

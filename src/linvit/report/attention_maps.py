@@ -4,9 +4,8 @@ Each job (linvit.transfer.maps) stores the head-mean maps of one model on the te
 for a few test images and layers: maps.safetensors, tensor "maps" of shape (images, layers, N, N)
 with the resolved layers in its metadata. This step reads those files (safetensors and numpy, no
 model code) and draws one row per (image, layer), one column per model. Failed student jobs are
-left out; a failed teacher job gives a figure that says so. Records are read as plain JSON (not
-through report.record, whose run-folder checks reach model code), so this step's code map holds
-no model, data or operator file.
+left out; a failed teacher job gives a figure that says so. Records and run folders are read
+through report.record and runs.verify, whose code maps hold no model, data or operator file.
 """
 from __future__ import annotations
 
@@ -16,19 +15,19 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
-from linvit.io import read_json, sha256_file
 from linvit.render.plotting import plt, save
-
-MAPS_FILE = "maps.safetensors"          # linvit.transfer.maps.MAPS_FILE
+from linvit.report.record import read_records
+from linvit.runs.verify import verified_metrics
 
 
 def read_maps(record: dict) -> tuple[np.ndarray, dict]:
-    """(maps, metadata) of an "ok" maps record, its file checked against the checksum the run
-    sealed it with (linvit.runs.rundir)."""
-    path = Path(record["run_dir"]) / MAPS_FILE
-    if sha256_file(path) != record["metrics"]["outputs"][MAPS_FILE]:
-        raise ValueError(f"{path}: changed since its job recorded it; rerun the job")
-    with safe_open(str(path), framework="np") as f:
+    """(maps, metadata) of an "ok" maps record, its run folder verified against the checksums
+    the run sealed it with; the maps file is the run's one output."""
+    metrics = verified_metrics(record["run_dir"])
+    if metrics is None or metrics["outputs"] != record["metrics"]["outputs"]:
+        raise ValueError(f"{record['run_dir']}: changed since its job recorded it; rerun the job")
+    name, = metrics["outputs"]
+    with safe_open(str(Path(record["run_dir"]) / name), framework="np") as f:
         return f.get_tensor("maps"), dict(f.metadata() or {})
 
 
@@ -79,7 +78,7 @@ def attention_figure_from_records(teacher_record: str, student_records: dict[str
                                   out: Path) -> None:
     """The figure from the maps jobs' records: failed students are left out, and a failed
     teacher gives a figure that says so instead of failing the report."""
-    teacher, *others = [read_json(p) for p in [teacher_record, *student_records.values()]]
+    teacher, *others = read_records([teacher_record, *student_records.values()])
     wrong = [r["run_dir"] for r in [teacher, *others] if r.get("kind") != "maps"]
     if wrong:
         raise ValueError(f"not records of attention-maps jobs: {', '.join(wrong)}")

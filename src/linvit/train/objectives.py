@@ -1,5 +1,5 @@
 """The classification objective: cross-entropy with label smoothing. (Logit KD from a teacher is
-a transfer objective: linvit.transfer.distill.LogitKDObjective.)"""
+a transfer objective: linvit.transfer.kd.LogitKDObjective.)"""
 from __future__ import annotations
 
 import torch
