@@ -29,7 +29,6 @@ from linvit.io import (
     dumps,
     file_mode,
     load_yaml,
-    loads,
     read_json,
     remove_temporaries,
     sha256_file,
@@ -195,15 +194,14 @@ class RunDir:
     def _checkpoint_problem(self) -> str | None:
         if not self.checkpoint.is_file():
             return None
-        from linvit.runs.state import read_state
+        from linvit.runs.state import check_identity, read_state
 
         stat = self.checkpoint.stat()
         if self._verified == (stat.st_mtime_ns, stat.st_size):   # checked before the lock
             return None
         try:
             _, meta = read_state(self.checkpoint)
-            if loads(meta["info"]) != loads(dumps(self.identity)):
-                raise CheckpointError(f"{self.checkpoint}: belongs to another run")
+            check_identity(self.checkpoint, meta, self.identity)
         except (CheckpointError, KeyError, ValueError) as e:
             return (f"cannot resume: {e}. --rerun discards the checkpoint and starts over, or "
                     "delete the folder")

@@ -52,13 +52,17 @@ def read_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str
     return tensors, meta
 
 
+def check_identity(path: str | Path, meta: dict[str, str], identity: dict) -> None:
+    """CheckpointError unless the checkpoint was written by the run of this identity."""
+    if json.loads(meta["info"]) != json.loads(json.dumps(identity, sort_keys=True)):
+        raise CheckpointError(f"{path}: belongs to another run (written under another config)")
+
+
 def load_state(path: str | Path, model: nn.Module, optimizer, scheduler,
                expect_info: dict) -> tuple[int, list[dict]]:
     """Restore in place; returns (epochs done, history). Fails if the run's identity differs."""
     tensors, meta = read_state(path)
-    info = json.loads(meta["info"])
-    if info != json.loads(json.dumps(expect_info, sort_keys=True)):
-        raise CheckpointError(f"{path}: belongs to another run ({info}); remove it to restart")
+    check_identity(path, meta, expect_info)
     load_strict(model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, str(path))
     state: dict = {}
     for name, value in tensors.items():

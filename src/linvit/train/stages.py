@@ -31,7 +31,7 @@ def run_pretrain(cfg: PretrainConfig, out, replace: bool = False) -> dict:
     objective = ClassificationObjective(model, cfg.optim.label_smoothing)
     history = fit(objective, model, train_loader, cfg.optim, run, rt,
                   evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
-                  eval_every=cfg.run.eval_every, identity=run.identity)
+                  eval_every=cfg.run.eval_every)
     return finish_training(run, rt, model, history, {})
 
 

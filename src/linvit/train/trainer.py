@@ -35,17 +35,16 @@ def build_optimizer(model: nn.Module, cfg, updates_per_epoch: int):
 
 def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: RunDir,
         rt: Runtime, *, evaluate_fn: Callable[[], dict], eval_every: int = 1,
-        on_backward: Callable[[], None] | None = None, find_unused: bool = False,
-        identity: dict | None = None) -> list[dict]:
+        on_backward: Callable[[], None] | None = None, find_unused: bool = False) -> list[dict]:
     """Train `model` (inside `objective`) for optim_cfg.epochs; returns the per-epoch history,
     whose last record holds the final evaluation (test_* keys).
 
-    `identity` is stored in each checkpoint and must match on resume, so a checkpoint is never
-    continued under another config.
+    The run's identity (its config without volatile fields) is stored in each checkpoint and must
+    match on resume, so a checkpoint is never continued under another config.
     """
     optimizer, scheduler = build_optimizer(model, optim_cfg, len(train_loader))
     params = [p for p in model.parameters() if p.requires_grad]
-    identity = identity or {}
+    identity = run.identity
     start, history = 0, []
     if run.checkpoint.is_file():
         start, history = load_state(run.checkpoint, model, optimizer, scheduler, identity)

@@ -103,7 +103,7 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
                               cfg.run.eval_every > 0 and not run.checkpoint.is_file())
     history = fit(objective, student, train_loader, cfg.optim, run, rt,
                   evaluate_fn=evaluate_student, eval_every=cfg.run.eval_every,
-                  on_backward=census, find_unused=True, identity=run.identity)
+                  on_backward=census, find_unused=True)
     if rt.is_main:
         write_json(run.path / "trained.json", census.report())
     return finish_training(run, rt, student, history,
@@ -165,7 +165,7 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
                               cfg.run.eval_every > 0 and not run.checkpoint.is_file())
     history = fit(objective, model, train_loader, cfg.optim, run, rt,
                   evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
-                  eval_every=cfg.run.eval_every, identity=run.identity)
+                  eval_every=cfg.run.eval_every)
     return finish_training(run, rt, model, history,
                            {"strategy": record["strategy"], "init": init_eval,
                             "copied": record["summary"]})
