@@ -6,12 +6,16 @@ import json
 import pandas as pd
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
+from linvit.attention import OPERATORS
 from linvit.bench.config import BenchConfig
 from linvit.bench.measure import peak_bytes
-from linvit.bench.ratios import goals, slopes, speedups
+from linvit.bench.operators import make_operator
+from linvit.bench.ratios import flop_bound, goals, slopes, speedups
 from linvit.cli import main
 from linvit.config import load_config
+from linvit.ops.linear_attention import backend
 
 CPU = torch.device("cpu")
 MIB = 2**20
@@ -173,3 +177,29 @@ def test_bench_config_errors_name_the_field_before_any_output(tmp_path, capsys, 
     assert main(["bench", "-o", str(out), override]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_flop_counts_are_the_matmuls_the_fast_path_runs(name):
+    """core_flops against torch's own FLOP counter on the CPU fast path (softmax: its explicit
+    map times V, as SDPA's CPU kernel is not counted), at a token count off every chunk size."""
+    heads, d, n = 2, 32, 300
+    op = make_operator(name, heads, d, 324, CPU)          # an 18 x 18 grid for local terms
+    q, k, v = (torch.randn(1, heads, n, d) for _ in range(3))
+    with backend("torch"), FlopCounterMode(display=False) as counter:
+        if name == "softmax":
+            op.attention_map(q, k) @ v
+        else:
+            op.global_mix(q, k, v)
+    counted = counter.get_total_flops() / heads
+    assert op.core_flops(n, d) == pytest.approx(counted, rel=0.02)
+
+
+def test_flop_share_goal_divides_the_speedup_by_the_flop_bound():
+    bound = flop_bound("linear", 4096, 64)                  # softmax 4 N^2 d over 4 N d^2 + 2 N d
+    assert bound == pytest.approx(4096 * 64 / (64 * 64 + 32))
+    for speed, holds in ((32.0, "yes"), (30.0, "NO")):     # 32 / 63.5 = 0.504, 30 / 63.5 = 0.47
+        cfg = load_config(BenchConfig, None, ["goal_flop_share={linear: 0.5}"])
+        result = {g["goal"]: g for g in goals(synthetic(speed), cfg)}
+        share = result[f"linear/torch share of its FLOP bound ({bound:.1f}x) at N=4096"]
+        assert (share["measured"], share["holds"]) == (f"{speed / bound:.2f}", holds)

@@ -6,9 +6,11 @@ import re
 import pytest
 
 from linvit import cli
+from linvit.attention import OPERATORS
 from linvit.config import ConfigError, load_config, parse_overrides
 from linvit.train.config import PretrainConfig
 from linvit.transfer.config import DistillConfig, FinetuneConfig
+from linvit.transfer.losses import LOSSES
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -95,3 +97,24 @@ def test_bad_data_or_checkpoint_leaves_no_run_folder(tmp_path, mnist_root, capsy
                      f"data.root={mnist_root}"]) == 2
     assert "not a readable safetensors" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+MAP_LOSSES = [name for name, loss in LOSSES.items() if loss.target == "attn_map"]
+
+
+@pytest.mark.parametrize("operator", [o for o in OPERATORS if o != "softmax"])
+@pytest.mark.parametrize("loss", MAP_LOSSES)
+def test_map_losses_are_refused_where_the_map_is_not_row_stochastic(tmp_path, operator, loss):
+    teacher = tmp_path / "t.safetensors"
+    teacher.write_bytes(b"")
+    overrides = [f"teacher={teacher}", f"model.operator={operator}",
+                 f"distill.losses={{{loss}: 1, attn_out_mse: 1}}"]
+    kind = OPERATORS[operator].map_kind
+    if kind == "stochastic":
+        assert load_config(DistillConfig, None, overrides).distill.losses[loss] == 1
+    else:
+        with pytest.raises(ConfigError, match=f"{loss}.*'{operator}' has a {kind} map"):
+            load_config(DistillConfig, None, overrides)
+        # a zero weight switches the loss off: nothing to refuse
+        load_config(DistillConfig, None, [*overrides[:2], f"distill.losses={{{loss}: 0, "
+                                          "attn_out_mse: 1}"])

@@ -106,9 +106,16 @@ def test_copied_and_new_sets_are_exactly_as_declared(models, operator, name):
         else:
             assert torch.equal(value, sources[expected[key]][key]), key
             assert not torch.equal(value, fresh[key]), key
+    attn = student.blocks[0].attn
+    own = {f"blocks.{i}.attn.{n}": attn.init_note(n) for i in range(len(student.blocks))
+           for n in attn.operator_specific_parameters()}
     for key, entry in record["tensors"].items():
-        if entry["source"] == "new" and naive_group(key) in strategy.copy:
-            assert "operator-specific" in entry["reason"], key
+        if entry["source"] == "new" and key in own:          # whatever the strategy
+            assert "operator-specific" in entry["reason"] and own[key] in entry["reason"], key
+        elif entry["source"] == "new" and naive_group(key) in strategy.copy:
+            assert "class count" in entry["reason"], key        # the only other reason
+        else:
+            assert "reason" not in entry, key
     assert record["copy_groups"] == sorted(strategy.copy)
     assert record["distilled_groups"] == sorted(strategy.distilled)
     assert record["summary"] == dict(Counter(expected.values()))
@@ -174,3 +181,13 @@ def test_every_tensor_of_every_size_has_a_group():
         assert {group_of(k) for k in model.state_dict()} == set(GROUPS)
     with pytest.raises(ValueError, match="no component group"):
         group_of("blocks.0.adapter.weight")
+
+
+@pytest.mark.parametrize("operator", list(OPERATORS))
+def test_every_operator_specific_tensor_says_why_it_starts_where_it_does(operator):
+    """An operator declares an init note for each of its own parameters, and copied.json carries
+    it beside the tensor, whatever the strategy."""
+    op = OPERATORS[operator](48, num_heads=2)
+    missing = [n for n in op.operator_specific_parameters() if not op.init_note(n)]
+    assert not missing, f"{operator}: no init_notes entry for {missing}"
+    assert not op.init_note("qkv.weight")      # shared tensors come from timm, not from a note

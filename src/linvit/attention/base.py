@@ -25,6 +25,13 @@ from torch import nn
 SHARED_SUBMODULES = ("qkv", "q_norm", "k_norm", "norm", "proj")
 # A depthwise conv padded by k // 2 keeps the grid only for odd k.
 ODD_KERNEL = (lambda k: k > 0 and k % 2 == 1, "a positive odd integer")
+# What an operator's `attention_map` is. Map-level losses (cross-entropy against the teacher's
+# softmax rows) are defined only for "stochastic" maps; the others are refused before compute.
+MAP_KINDS = {
+    "stochastic": "exact, every row non-negative and summing to 1",
+    "signed": "exact (global_mix == map @ V) but signed or not row-normalised",
+    "effective": "a linearised (effective) map: the layer is not linear in V given Q and K",
+}
 
 
 class AttentionOperator(nn.Module):
@@ -37,6 +44,14 @@ class AttentionOperator(nn.Module):
     option_rules: ClassVar[dict] = {}
     # Whether attn_drop has a meaning (only operators that form a map during training).
     supports_attn_drop: ClassVar[bool] = False
+    # One of MAP_KINDS: what `attention_map` returns (and so which distillation losses apply).
+    map_kind: ClassVar[str] = "stochastic"
+    # Why each operator-specific parameter starts where it does, by name prefix (a parameter's
+    # local name, e.g. "gate_proj"): copied into copied.json beside every such new tensor.
+    init_notes: ClassVar[dict[str, str]] = {}
+    # The reference path is a token-by-token recurrence for some operators: `linvit bench` times
+    # it only up to this many tokens (None: the reference scales like the fast path).
+    reference_max_tokens: ClassVar[int | None] = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Give the options a class declares their defaults as class attributes. Subclasses that
@@ -49,6 +64,9 @@ class AttentionOperator(nn.Module):
                             "class attributes; declare the default once, in `options`")
         for key, default in own.items():
             setattr(cls, key, default)
+        if cls.map_kind not in MAP_KINDS:
+            raise TypeError(f"{cls.__name__}: map_kind {cls.map_kind!r} not one of "
+                            f"{tuple(MAP_KINDS)}")
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
                  scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0,
@@ -95,6 +113,14 @@ class AttentionOperator(nn.Module):
     def local_mix(self, v: torch.Tensor) -> torch.Tensor | None:
         return None
 
+    @classmethod
+    def core_flops(cls, tokens: int, head_dim: int) -> float | None:
+        """Floating-point operations of one head's `global_mix` forward on its fast path (a
+        multiply-add counts 2; elementwise work ignored), for head dim d = Dk = Dv. `linvit bench`
+        divides softmax's count by it: the speedup the operator would have at equal efficiency.
+        None: not counted."""
+        return None
+
     # --- shared machinery ------------------------------------------------------------------
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, N, C = x.shape
@@ -129,8 +155,22 @@ class AttentionOperator(nn.Module):
         """Output and the (B, H, N, N) float32 map that multiplies V (before any local term)."""
         return self._forward(x, need_map=True)
 
+    @staticmethod
+    def merge_heads(t: torch.Tensor) -> torch.Tensor:
+        """(B, H, N, d) -> (B, N, H*d): all heads of a token, e.g. for a gate projection.
+        Gates read the keys k = W_k x rather than x: for timm's square, generically invertible
+        W_k that is the same family of functions of x, and it keeps mix(q, k, v) self-contained."""
+        B, H, N, d = t.shape
+        return t.transpose(1, 2).reshape(B, N, H * d)
+
     def operator_specific_parameters(self) -> list[str]:
         return [n for n, _ in self.named_parameters() if n.split(".")[0] not in SHARED_SUBMODULES]
+
+    def init_note(self, parameter: str) -> str:
+        """The declared reason for an operator-specific parameter's init (longest matching
+        prefix of `init_notes`), or "" when the operator declares none."""
+        matches = [p for p in self.init_notes if parameter.startswith(p)]
+        return self.init_notes[max(matches, key=len)] if matches else ""
 
     # --- token layout helpers for local terms ----------------------------------------------
     def set_token_layout(self, num_prefix_tokens: int, grid_size: tuple[int, int] | None) -> None:

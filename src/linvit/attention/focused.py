@@ -16,6 +16,7 @@ from torch import nn
 from linvit.attention.base import ODD_KERNEL, AttentionOperator
 from linvit.ops.focused_features import focused_features
 from linvit.ops.linear_attention import (
+    linear_core_flops,
     normalized_linear_attention,
     normalized_linear_attention_map,
     resolve_backend,
@@ -26,6 +27,8 @@ class FocusedLinearAttention(AttentionOperator):
     name = "focused"
     options = {"focusing_factor": 3.0, "kernel_size": 5}
     option_rules = {"kernel_size": ODD_KERNEL}
+    init_notes = {"focus_scale": "0, so softplus(s) = ln 2 (FLatten's init)",
+                  "dwc": "PyTorch's default depthwise-conv init, as FLatten"}
 
     def build(self, device=None, dtype=None):
         d = self.head_dim
@@ -41,6 +44,10 @@ class FocusedLinearAttention(AttentionOperator):
 
     def global_mix(self, q, k, v):
         return normalized_linear_attention(self.feature_map(q), self.feature_map(k), v)
+
+    @classmethod
+    def core_flops(cls, tokens, head_dim):
+        return linear_core_flops(tokens, head_dim, head_dim)     # the focusing is elementwise
 
     def attention_map(self, q, k):
         return normalized_linear_attention_map(self.feature_map(q), self.feature_map(k))

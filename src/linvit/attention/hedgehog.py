@@ -10,11 +10,17 @@ import torch
 from torch import nn
 
 from linvit.attention.base import AttentionOperator
-from linvit.ops.linear_attention import normalized_linear_attention, normalized_linear_attention_map
+from linvit.ops.linear_attention import (
+    linear_core_flops,
+    normalized_linear_attention,
+    normalized_linear_attention_map,
+)
 
 
 class HedgehogAttention(AttentionOperator):
     name = "hedgehog"
+    init_notes = {"fmap_": "W = I, b = 0 (Hedgehog's init): the features start as "
+                           "[softmax(x), softmax(-x)] of the copied queries and keys"}
 
     def build(self, device=None, dtype=None):
         H, d = self.num_heads, self.head_dim
@@ -32,6 +38,12 @@ class HedgehogAttention(AttentionOperator):
     def features(self, q, k):
         return (self._feature_map(q, self.fmap_q_weight, self.fmap_q_bias),
                 self._feature_map(k, self.fmap_k_weight, self.fmap_k_bias))
+
+    @classmethod
+    def core_flops(cls, tokens, head_dim):
+        # the d x d projections of Q and K, then a core on 2d-wide features
+        return 2 * 2.0 * tokens * head_dim * head_dim + linear_core_flops(tokens, 2 * head_dim,
+                                                                          head_dim)
 
     def global_mix(self, q, k, v):
         return normalized_linear_attention(*self.features(q, k), v)

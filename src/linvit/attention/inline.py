@@ -12,13 +12,20 @@ from __future__ import annotations
 from torch import nn
 
 from linvit.attention.base import ODD_KERNEL, AttentionOperator
-from linvit.ops.linear_attention import injective_linear_attention, injective_linear_attention_map
+from linvit.ops.linear_attention import (
+    injective_linear_attention,
+    injective_linear_attention_map,
+    linear_core_flops,
+)
 
 
 class InLineAttention(AttentionOperator):
     name = "inline"
+    map_kind = "signed"                  # rows sum to 1 but entries can be negative
     options = {"kernel_size": 3}
     option_rules = {"kernel_size": ODD_KERNEL}
+    init_notes = {"local": "PyTorch's default depthwise-conv init (InLine's local residual "
+                           "starts small and unbiased towards any direction)"}
 
     def build(self, device=None, dtype=None):
         dim = self.num_heads * self.head_dim
@@ -27,6 +34,10 @@ class InLineAttention(AttentionOperator):
 
     def global_mix(self, q, k, v):
         return injective_linear_attention(q, k, v, self.scale)
+
+    @classmethod
+    def core_flops(cls, tokens, head_dim):
+        return linear_core_flops(tokens, head_dim, head_dim, normalize=False)   # centring: O(Nd)
 
     def attention_map(self, q, k):
         return injective_linear_attention_map(q, k, self.scale)

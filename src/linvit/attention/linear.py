@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from linvit.attention.base import AttentionOperator
 from linvit.ops.definitions import feature
-from linvit.ops.linear_attention import linear_attention, normalized_linear_attention_map
+from linvit.ops.linear_attention import (
+    linear_attention,
+    linear_core_flops,
+    normalized_linear_attention_map,
+)
 
 
 class LinearAttention(AttentionOperator):
@@ -16,6 +20,10 @@ class LinearAttention(AttentionOperator):
     def global_mix(self, q, k, v):
         # the feature map is fused into the core (it is recomputed in backward, never stored)
         return linear_attention(q, k, v, kind=self.feature_kind)
+
+    @classmethod
+    def core_flops(cls, tokens, head_dim):
+        return linear_core_flops(tokens, head_dim, head_dim)
 
     def attention_map(self, q, k):
         return normalized_linear_attention_map(self.feature_map(q), self.feature_map(k))

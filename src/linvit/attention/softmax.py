@@ -20,6 +20,10 @@ class SoftmaxAttention(AttentionOperator):
         p = self.attn_drop.p if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, scale=self.scale)
 
+    @classmethod
+    def core_flops(cls, tokens, head_dim):
+        return 4.0 * tokens * tokens * head_dim                   # Q K^T and A V
+
     def attention_map(self, q, k):
         return softmax_attention_map(q, k, self.scale)
 

@@ -44,7 +44,10 @@ class BenchConfig:
     min_run_time: float = 1.0          # seconds of timed calls per point
     tf32: bool = False                 # CUDA: let float32 matmuls (torch's and Triton's) use TF32
     goal_tokens: int = 4096            # the goals: speedup over softmax at this N, ...
-    goal_speedup: float = 30.0
+    goal_speedup: float = 8.0
+    # ... for these operators, a share of the speedup their FLOPs allow (feature maps that cost
+    # more than the core itself make a plain speedup goal say little), ...
+    goal_flop_share: dict[str, float] = field(default_factory=lambda: {"hedgehog": 0.6})
     goal_slope: float = 1.1            # ... memory log-log slope over `tokens`, ...
     goal_kernel_speedup: float = 2.0   # ... and (GPU) Triton over the PyTorch reference
     models: BenchModelsCfg | None = field(default_factory=BenchModelsCfg)  # null: skip
@@ -58,6 +61,12 @@ class BenchConfig:
         for i, n in enumerate(self.tokens):
             if n <= 0 or int(n ** 0.5) ** 2 != n:
                 raise ConfigError(f"tokens[{i}]: {n} is not a positive square (a patch grid)")
+        for name, share in self.goal_flop_share.items():
+            one_of("goal_flop_share", name, OPERATORS)
+            positive(f"goal_flop_share.{name}", share)
+            if OPERATORS[name].core_flops(self.goal_tokens, self.head_dim) is None:
+                raise ConfigError(f"goal_flop_share.{name}: the operator counts no FLOPs "
+                                  "(core_flops), so it has no FLOP-ratio bound")
         for name in ("softmax_max_tokens", "reference_max_tokens", "batch", "heads", "head_dim",
                      "min_run_time", "goal_tokens", "goal_speedup", "goal_slope",
                      "goal_kernel_speedup"):

@@ -42,7 +42,11 @@ def make_operator(name: str, heads: int, head_dim: int, tokens: int, device: tor
 
 
 def parts_of(name: str) -> list[str]:
-    has_local = OPERATORS[name].local_mix is not AttentionOperator.local_mix
+    """core alone, plus core and local term where the operator adds one (through local_mix, or
+    a mix of its own such as ttt's conv branch)."""
+    cls = OPERATORS[name]
+    has_local = (cls.local_mix is not AttentionOperator.local_mix
+                 or cls.mix is not AttentionOperator.mix)
     return ["core", "mix"] if has_local else ["core"]
 
 
@@ -80,7 +84,9 @@ def skip(name: str, backend_name: str, part: str, tokens: int, cfg) -> bool:
     if name == "softmax":
         return tokens > cfg.softmax_max_tokens
     if backend_name == "reference":               # the baseline of the core, not a product
-        return part == "mix" or tokens > cfg.reference_max_tokens
+        # a token-by-token recurrence (gla, deltanet, ...) is timed on short sequences only
+        own = OPERATORS[name].reference_max_tokens or tokens
+        return part == "mix" or tokens > min(cfg.reference_max_tokens, own)
     return False
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from linvit.attention import OPERATORS
 from linvit.render.tables import to_markdown
 
 FAST_BACKEND = {"cpu": "torch", "cuda": "triton"}
@@ -42,6 +43,29 @@ def slopes(ops: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(KEYS)
 
 
+def flop_bound(operator: str, tokens: int, head_dim: int) -> float:
+    """Softmax's FLOPs over the operator's (each one head's global_mix forward, by the operators'
+    own counts): the speedup the operator would reach if both ran equally efficiently. NaN for
+    an operator that counts none."""
+    own = OPERATORS[operator].core_flops(tokens, head_dim)
+    return OPERATORS["softmax"].core_flops(tokens, head_dim) / own if own else float("nan")
+
+
+def flop_table(ops: pd.DataFrame, tokens: int) -> pd.DataFrame:
+    """Per operator at `tokens`: FLOP-ratio bound, measured speedup of the core on the fast
+    backend, and the share of the bound it reaches."""
+    fast = FAST_BACKEND[ops.device.iloc[0]]
+    sp = speedups(ops)
+    rows = []
+    for op in [o for o in ops.operator.unique() if o != "softmax"]:
+        key = (op, fast, "core")
+        measured = sp.loc[key, tokens] if key in sp.index and tokens in sp.columns else np.nan
+        bound = flop_bound(op, tokens, int(ops.head_dim.iloc[0]))
+        rows.append({"operator": op, "FLOP bound": bound, "measured": measured,
+                     "share": measured / bound})
+    return pd.DataFrame(rows).set_index("operator")
+
+
 def goals(ops: pd.DataFrame, cfg) -> list[dict]:
     """The targets for each linear operator's core on the device's fast backend."""
     fast = FAST_BACKEND[ops.device.iloc[0]]
@@ -54,6 +78,12 @@ def goals(ops: pd.DataFrame, cfg) -> list[dict]:
             value = sp.loc[key, cfg.goal_tokens]
             out.append(_goal(f"{op}/{fast} vs softmax at N={cfg.goal_tokens}", value,
                              f">= {cfg.goal_speedup:g}x", value >= cfg.goal_speedup, "x"))
+            if op in cfg.goal_flop_share:
+                bound = flop_bound(op, cfg.goal_tokens, int(ops.head_dim.iloc[0]))
+                share = cfg.goal_flop_share[op]
+                out.append(_goal(f"{op}/{fast} share of its FLOP bound ({bound:.1f}x) at "
+                                 f"N={cfg.goal_tokens}", value / bound, f">= {share:g}",
+                                 value / bound >= share, ""))
         row = sl.loc[key]
         out.append(_goal(f"{op}/{fast} memory slope, N={int(row['from'])}..{int(row['to'])}",
                          row.memory_slope, f"<= {cfg.goal_slope:g}",
@@ -90,6 +120,12 @@ def markdown(ops: pd.DataFrame, models: pd.DataFrame | None, measured: list[dict
              f"d={r.head_dim}, measured in one run", "",
              "core: feature maps + global mixing (what SDPA does); mix: + the local conv.", "",
              to_markdown(sp),
+             f"## FLOP-ratio bound and measured speedup at N={cfg.goal_tokens} (attention core, "
+             "fast backend)", "",
+             "FLOP bound: softmax's forward FLOPs over the operator's (see each operator's "
+             "core_flops); share: measured / bound, how efficiently the operator's FLOPs run "
+             "compared with SDPA's.", "",
+             to_markdown(flop_table(ops, cfg.goal_tokens).round(2)),
              "## Log-log slopes against tokens (1 = linear, 2 = quadratic)", "",
              to_markdown(slopes(ops).round(2)),
              "## Goals (attention core, fast backend)", "",

@@ -116,6 +116,12 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: st
     return fused_linear_attention(q, k, v, kind, normalize, eps)
 
 
+def linear_core_flops(tokens: int, dk: int, dv: int, normalize: bool = True) -> float:
+    """Forward FLOPs of one head of the core: the state phi(K)^T V and phi(Q) S (2 N Dk Dv each),
+    and phi(Q) z for the normaliser (2 N Dk); feature maps and the division are elementwise."""
+    return 4.0 * tokens * dk * dv + (2.0 * tokens * dk if normalize else 0.0)
+
+
 def normalized_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                                 eps: float = NORMALISER_EPS) -> torch.Tensor:
     """Normalised linear attention on features already computed (focused, hedgehog)."""

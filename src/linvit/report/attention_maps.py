@@ -44,7 +44,10 @@ def load_panels(teacher: dict, students: dict[str, dict]) -> tuple[dict[str, np.
             raise ValueError(f"{name}: maps of shape {theirs.shape}, layers "
                              f"{their_meta['layers']} on the tokens of {their_meta['teacher']}; "
                              f"the teacher's are {maps.shape}, {layers}, {meta['teacher']}")
-        panels[f"{name} (distilled)"] = theirs
+        # say so where a map is not a distribution over keys, or not the layer's exact map
+        kind = their_meta.get("map_kind", "stochastic")
+        panels[f"{name} (distilled)" if kind == "stochastic" else
+               f"{name} (distilled, {kind} map)"] = theirs
     return panels, layers
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from linvit.attention import OPERATORS
+from linvit.attention.base import MAP_KINDS
 from linvit.config import (
     ConfigError,
     DataCfg,
@@ -20,6 +22,18 @@ from linvit.models import SIZES
 from linvit.transfer.groups import GROUPS
 from linvit.transfer.losses import LOSSES
 from linvit.transfer.strategies import STRATEGIES
+
+
+def check_map_losses(operator: str, losses: dict[str, float]) -> None:
+    """Map-level losses read each row of the student's map as a distribution over keys: refused,
+    before any compute, for an operator whose map is signed, unnormalised or only effective."""
+    kind = OPERATORS[operator].map_kind
+    on_maps = [n for n, w in losses.items() if w and LOSSES[n].target == "attn_map"]
+    if on_maps and kind != "stochastic":
+        raise ConfigError(f"distill.losses: {', '.join(on_maps)} compare(s) attention-map rows as "
+                          f"distributions, but operator {operator!r} has a {kind} map "
+                          f"({MAP_KINDS[kind]}); use an output-level loss "
+                          f"({', '.join(n for n, l in LOSSES.items() if l.target != 'attn_map')})")
 
 
 def check_student(cfg) -> None:
@@ -91,6 +105,7 @@ class DistillConfig:
     def validate(self, p: str) -> None:
         required_file("teacher", self.teacher, "a softmax teacher's model.safetensors")
         check_student(self)
+        check_map_losses(self.model.operator, self.distill.losses)
         if self.model.size is not None:
             depth = SIZES[self.model.size].depth
             bad = [l for l in self.distill.layers or [] if not 0 <= l < depth]

@@ -17,9 +17,17 @@ from linvit.transfer.groups import group_of
 from linvit.transfer.strategies import InitStrategy
 
 
-def operator_specific_names(model: nn.Module) -> set[str]:
-    return {f"blocks.{i}.attn.{n}" for i, attn in enumerate(attention_modules(model))
-            for n in attn.operator_specific_parameters()}
+def operator_specific_reasons(model: nn.Module) -> dict[str, str]:
+    """Each operator-specific tensor's full name -> why it is new (and, where the operator
+    declares it, why it starts where it does)."""
+    reasons = {}
+    for i, attn in enumerate(attention_modules(model)):
+        for n in attn.operator_specific_parameters():
+            note = attn.init_note(n)
+            reasons[f"blocks.{i}.attn.{n}"] = (f"operator-specific ({attn.name}): a softmax "
+                                               "teacher has no such tensor"
+                                               + (f"; init: {note}" if note else ""))
+    return reasons
 
 
 def plan_init(student: nn.Module, strategy: InitStrategy, teacher: dict[str, torch.Tensor],
@@ -28,11 +36,13 @@ def plan_init(student: nn.Module, strategy: InitStrategy, teacher: dict[str, tor
     if strategy.needs_distilled and distilled is None:
         raise ValueError(f"strategy {strategy.name!r} takes {sorted(strategy.distilled)} from a "
                          "distilled student, but none was given")
-    own_only = operator_specific_names(student)
+    own_only = operator_specific_reasons(student)
     plan, problems = {}, []
     for name, tensor in student.state_dict().items():
         group = group_of(name)
         entry = {"group": group, "source": "new", "shape": list(tensor.shape)}
+        if name in own_only:                  # new unless a distilled student supplies it
+            entry["reason"] = own_only[name]
         if group in strategy.distilled:
             src, label = distilled, "distilled"
         elif group in strategy.copy:
@@ -42,8 +52,9 @@ def plan_init(student: nn.Module, strategy: InitStrategy, teacher: dict[str, tor
             continue
         if name in src and src[name].shape == tensor.shape:
             entry["source"] = label
+            entry.pop("reason", None)
         elif label == "teacher" and name in own_only and name not in src:
-            entry["reason"] = "operator-specific: a softmax teacher has no such tensor"
+            pass                              # new, with the reason given above
         elif label == "teacher" and group == "head" and name in src:
             entry["reason"] = (f"teacher head {tuple(src[name].shape)} does not fit "
                                f"{tuple(tensor.shape)} (another class count)")

@@ -103,12 +103,14 @@ def run_attention_maps(cfg: MapsConfig, out, replace: bool = False) -> dict:
     tokens = teacher_attention_inputs(teacher, images.to(rt.device), layers)
     maps = torch.stack([head_mean_map(model, l, tokens[l]).float().cpu() for l in layers], dim=1)
     operator = model.spec.operator
+    kind = model.blocks[0].attn.map_kind        # "effective" maps are not the layer's exact map
     if rt.is_main:
         save_tensors(run.path / MAPS_FILE, {"maps": maps},
-                     {"layers": json.dumps(layers), "operator": operator,
+                     {"layers": json.dumps(layers), "operator": operator, "map_kind": kind,
                       "model": cfg.model or cfg.teacher, "teacher": cfg.teacher,
                       "images": str(cfg.images)})
     log.info("maps %s of layers %s, operator %s", tuple(maps.shape), layers, operator)
     return run.finish({"layers": layers, "images": cfg.images, "operator": operator,
+                       "map_kind": kind,
                        "tokens": maps.shape[-1], "model": cfg.model or cfg.teacher,
                        "teacher": cfg.teacher})
