@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from linvit import deps, grid
+from linvit.attention import OPERATORS
 from linvit.config import ConfigError, load_config
 from linvit.render.tables import summarize, to_latex, to_markdown
 from linvit.report.collect import results_frame
@@ -164,6 +165,19 @@ def test_check_config_covers_the_paper_grid():
                          + len(maps) + 1)
     assert {field for field, _, _ in jobs} >= {"teachers.deit_t", "stages.finetune", "bench"}
     grid.check_config(config, str(ROOT / "Snakefile"))
+
+
+def test_paper_grid_lists_every_operator_of_the_registry():
+    config = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+    assert config["operators"] == [o for o in OPERATORS if o != "softmax"]
+
+
+def test_a_map_loss_for_an_operator_without_a_stochastic_map_is_refused_before_any_job():
+    signed = next(o for o, cls in OPERATORS.items() if cls.map_kind != "stochastic")
+    config = {**default_config(), "operators": [signed], "main_loss": "map"}
+    del config["loss_grid"], config["dense"]
+    with pytest.raises(ConfigError, match=f"stages.distill .*attn_map_ce.*'{signed}' has a"):
+        grid.check_config(config, str(ROOT / "Snakefile"))
 
 
 def test_a_configfile_must_define_the_whole_grid():
