@@ -37,7 +37,12 @@ def make_op(name, seed=0, **kw):
     return op.double()
 
 
-@pytest.mark.parametrize("name", ALL)
+# operators whose `attention_map` is exact (global_mix == map @ V); "effective" maps are
+# linearisations, tested by their operator's own tests
+EXACT = [name for name in OPERATORS if OPERATORS[name].map_kind != "effective"]
+
+
+@pytest.mark.parametrize("name", EXACT)
 def test_fast_path_equals_explicit_map_times_v(name):
     op = make_op(name)
     x = torch.randn(2, TOKENS, HEAD_DIM * HEADS, dtype=torch.float64)
@@ -48,6 +53,19 @@ def test_fast_path_equals_explicit_map_times_v(name):
     explicit = attn_map.to(v.dtype) @ v
     # maps are formed in float32 (see linvit.ops), hence the float32-level tolerance
     torch.testing.assert_close(fast.to(explicit.dtype), explicit, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_maps_are_what_their_kind_declares(name):
+    """"stochastic" maps (the only ones map losses accept) are non-negative with rows summing to
+    1; the operators' maps that are declared otherwise really are signed or unnormalised, so the
+    declaration is not a blanket refusal."""
+    op = make_op(name)
+    q, k, _ = op.project(torch.randn(2, TOKENS, HEAD_DIM * HEADS, dtype=torch.float64))
+    attn_map = op.attention_map(q, k)
+    stochastic = bool((attn_map >= 0).all()) and torch.allclose(
+        attn_map.sum(-1), torch.ones_like(attn_map[..., 0]), atol=1e-5)
+    assert stochastic == (op.map_kind == "stochastic"), op.map_kind
 
 
 @pytest.mark.parametrize("name", ALL)

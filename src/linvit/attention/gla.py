@@ -1,0 +1,69 @@
+"""Bidirectional gated linear attention (ViG, arXiv 2405.18425; hustvl/ViG).
+
+Per head, a forward and a backward scan with data-dependent decays per key channel,
+
+    S_i = diag(a_i) S_{i-1} + k_i v_i^T,   o_i = s q_i^T S_i,   o = (o_F + o_B) / 2,
+
+s = head_dim^-0.5, log a = logsigmoid(g) / 16 (ViG's normaliser) per direction, from a low-rank
+projection of the keys g = W2 (W1 k) + b (W1: C -> gate_rank, W2: gate_rank -> 2C, the two halves
+are the forward and backward gates). The map (M_F + M_B) / 2 is exact but signed and not
+row-normalised (see linvit.ops.gated_scan).
+
+Init, on purpose: b = GATE_BIAS = 4, so a = sigmoid(4)^(1/16) ~ 1 - 1.1e-3 per token: ~0.8 across
+a 196-patch image, an attention-like (global) mixing at init, where b = 0 would give ~e^-8.5 over
+200 tokens (almost local). W2 = 0, so decays start data-independent and a copied block's mixing
+is decided by the copied q k^T alone; W2 learns from the first step (its gradient reads W1 k),
+and W1 keeps nn.Linear's random init so that W2's gradient is not zero.
+
+Deliberate differences from ViG: no output gate, RMSNorm or local (depthwise conv) term, all of
+which would make the layer nonlinear in V (the map would no longer be exact); the output is
+therefore a sum over tokens, not an average. Gates read the keys, not x (see merge_heads). Per
+step log-decays are floored at -MAX_STEP_DECAY (ViG's optional clamp_min), which keeps the
+chunked path exact and finite whatever the gates (linvit.ops.gated_scan).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linvit.attention.base import AttentionOperator
+from linvit.ops.gated_scan import chunked_core_flops, gated_scan, gated_scan_map
+
+GATE_NORMALISER = 16.0     # ViG's gate_logit_normalizer
+GATE_BIAS = 4.0            # attention-like at init: a ~ 1 - 1.1e-3 per token
+
+
+class GatedLinearAttention(AttentionOperator):
+    name = "gla"
+    map_kind = "signed"
+    options = {"gate_rank": 16}          # ViG's gate_low_rank_dim
+    reference_max_tokens = 1024          # the reference path is a token-by-token loop
+
+    def build(self, device=None, dtype=None):
+        dim = self.num_heads * self.head_dim
+        self.gate_down = nn.Linear(dim, self.gate_rank, bias=False, device=device, dtype=dtype)
+        self.gate_up = nn.Linear(self.gate_rank, 2 * dim, device=device, dtype=dtype)
+        nn.init.zeros_(self.gate_up.weight)
+        nn.init.constant_(self.gate_up.bias, GATE_BIAS)
+
+    def log_decays(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(forward, backward) log-decays, each (B, H, N, d) float32, from the keys."""
+        B, H, N, d = k.shape
+        g = self.gate_up(self.gate_down(self.merge_heads(k))).float()    # (B, N, 2 H d)
+        log_a = F.logsigmoid(g) / GATE_NORMALISER
+        forward, backward = log_a.reshape(B, N, 2, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+        return forward, backward
+
+    def global_mix(self, q, k, v):
+        # (o_F + o_B) / 2: the 1/2 folded into the query scale
+        return gated_scan(q * (self.scale / 2), k, v, self.log_decays(k))
+
+    def attention_map(self, q, k):
+        return gated_scan_map(q * (self.scale / 2), k, self.log_decays(k)).float()
+
+    @classmethod
+    def core_flops(cls, tokens, head_dim):
+        # per head and token: the gate projection's share (2 d r down, 2 r 2d up), then the scans
+        gate = 6.0 * tokens * head_dim * cls.gate_rank
+        return gate + chunked_core_flops(tokens, head_dim, head_dim)
