@@ -173,11 +173,22 @@ def test_an_option_default_is_declared_once():
         type("Twice", (AttentionOperator,), {"options": {"kernel_size": 3}, "kernel_size": 3})
 
 
+def adds_to_global_mix(name: str) -> bool:
+    """Whether the operator's whole mixing (what bench's `mix` rows time) is more than its
+    global_mix: a local_mix, or a mix of its own (ttt's conv branch)."""
+    op = make_op(name)
+    op.set_token_layout(1, (7, 7))
+    q, k, v = (torch.randn(1, HEADS, TOKENS, HEAD_DIM, dtype=torch.float64) for _ in range(3))
+    return not torch.equal(op.mix(q, k, v), op.global_mix(q, k, v))
+
+
 def test_local_terms_are_found_alike_by_tests_and_bench():
-    """LOCAL asks local_mix; the bench asks whether local_mix is overridden. An operator whose
-    local term went missing (local_mix returning None) would leave LOCAL unnoticed otherwise."""
+    """LOCAL asks local_mix; the bench asks whether local_mix or mix is overridden. An operator
+    whose local term went missing (returning None or nothing) would go unnoticed otherwise."""
     assert LOCAL, "no operator has a local term: the local-term tests below would run nothing"
-    assert [name for name in OPERATORS if "mix" in parts_of(name)] == LOCAL
+    assert set(LOCAL) <= {name for name in OPERATORS if adds_to_global_mix(name)}
+    assert [name for name in OPERATORS if "mix" in parts_of(name)] == \
+        [name for name in OPERATORS if adds_to_global_mix(name)]
 
 
 @pytest.mark.parametrize("name", LOCAL)

@@ -13,6 +13,7 @@ from linvit.attention.hedgehog import HedgehogAttention
 from linvit.attention.inline import InLineAttention
 from linvit.attention.linear import LinearAttention
 from linvit.attention.softmax import SoftmaxAttention
+from linvit.attention.ttt import TTTAttention
 
 
 def _by_name(*classes: type[AttentionOperator]) -> dict[str, type[AttentionOperator]]:
@@ -31,6 +32,7 @@ OPERATORS: dict[str, type[AttentionOperator]] = _by_name(
     FocusedLinearAttention,
     InLineAttention,
     HedgehogAttention,
+    TTTAttention,
 )
 
 

@@ -1,4 +1,4 @@
-"""The ViT^3 test-time-training layer (arXiv 2512.01643; LeapLabTHU/ViTTT vittt/models/ttt_block.py).
+"""The ViT^3 test-time-training layer (arXiv 2512.01643; LeapLabTHU/ViTTT, ttt_block.py).
 
 Keys and values train two small inner modules for one step, and the queries read the result:
 
@@ -9,8 +9,8 @@ Keys and values train two small inner modules for one step, and the queries read
         x2 = conv(q2, kernel');
     out = proj(x1 + P x2), P: Linear(d, C), zero at init.
 
-s = 9^-1/2, ViT^3's value (the branch's "equivalent head dim" 1 x 3 x 3; the paper reports
-d^-1/2 works as well): option `inner_scale`. Cost of x1: 12 N d^2 FLOPs per head (six (N, d) x
+s = 9^-1/2, ViT^3's value (the branch's "equivalent head dim" 1 x 3 x 3; the ViTTT code notes
+that d^-1/2 does as well): option `inner_scale`. Cost of x1: 12 N d^2 FLOPs per head (six (N, d) x
 (d, d) matmuls), no kernel needed; the branch adds 8 N C d for its four projections.
 
 Deliberate differences from the ViTTT code, so that a softmax checkpoint copies one-to-one:
@@ -24,7 +24,8 @@ Deliberate differences from the ViTTT code, so that a softmax checkpoint copies 
 - The branch runs on the patch tokens only; prefix (cls) tokens get x2 = 0 and are left out of
   its inner loss (their mean is over the h*w patches). The SwiGLU branch sees every token.
 - Init (ViTTT: trunc_normal(0.02) everywhere, a near-zero layer) is chosen per parameter, see
-  build() and init_notes. No RoPE (the ViT keeps its own position embedding).
+  build() and init_notes. No RoPE (the ViT keeps its own position embedding). The inner steps
+  run in float32 even under bf16 autocast, as every core here does.
 
 attention_map is "effective": x1 is not linear in v. It is the channel mean of d x1 / d v at v = 0
 (the first-order term of x1 in v), see linvit.ops.ttt.ttt_swiglu_map; the branch is left out, as
@@ -45,8 +46,8 @@ class TTTAttention(AttentionOperator):
     map_kind = "effective"
     options = {"inner_scale": 1 / 3}
     init_notes = {
-        "swiglu_w1": "0: then dL/dW2 = 0, the gate keeps W2 = I and x1 is exactly linear in v up "
-                     "to the gradient-column normalisers",
+        "swiglu_w1": "0: the inner gradient of W2 (which carries k W1) is then 0, the gate keeps "
+                     "W2 = I and x1 is linear in v up to the gradient-column normalisers",
         "swiglu_w2": "I: the gates SiLU(q_c), SiLU(k_c) are each channel's own soft ReLU, so the "
                      "step mixes v by (q_i . k_j) weighted by them, the teacher's similarity",
         "conv_kernel": "0: the branch's kernel is exactly its test-time step (ViTTT's init "
