@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from linvit.attention.base import AttentionOperator
+from linvit.attention.deltanet import DeltaNetAttention
 from linvit.attention.focused import FocusedLinearAttention
 from linvit.attention.hedgehog import HedgehogAttention
 from linvit.attention.inline import InLineAttention
@@ -32,6 +33,7 @@ OPERATORS: dict[str, type[AttentionOperator]] = _by_name(
     FocusedLinearAttention,
     InLineAttention,
     HedgehogAttention,
+    DeltaNetAttention,
     TTTAttention,
 )
 

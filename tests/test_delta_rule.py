@@ -1,0 +1,261 @@
+"""The bidirectional delta rule: its three paths held to each other and to what the rule means.
+
+reference (token loop) == chunked (hand-written backward) == explicit map @ V, forward and
+backward, in float64 on awkward shapes; the two-direction merge against a formula written here;
+the overwrite property; stability at beta ~ 1; the DeltaNet operator's documented init.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linvit.attention.deltanet import DeltaNetAttention
+from linvit.ops import delta_rule as dr
+from linvit.ops.bidirectional import fla_kernel
+from linvit.ops.delta_rule import delta_rule, delta_rule_map
+from linvit.ops.linear_attention import backend, triton_available
+
+B, H, N, D = 2, 3, 50, 24                   # awkward on purpose: N = 1 + 7x7, d = 24
+SCALE = 0.7
+
+
+def scan_inputs(n=N, d=D, dv=D + 4, dtype=torch.float64, seed=0):
+    """q, k (unit keys), v, beta_forward, beta_backward, with dv != dk to catch transposes."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, n, d, generator=g, dtype=dtype)
+    k = F.normalize(torch.randn(B, H, n, d, generator=g, dtype=dtype), dim=-1)
+    v = torch.randn(B, H, n, dv, generator=g, dtype=dtype)
+    betas = [torch.rand(B, H, n, generator=g, dtype=dtype) for _ in range(2)]
+    return [q, k, v, *betas]
+
+
+def with_grads(fn, inputs, seed=1):
+    """fn's output and its gradients with respect to every input."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    return [out, *torch.autograd.grad(out, leaves, grad)]
+
+
+def on_backend(name):
+    def run(q, k, v, bf, bb):
+        with backend(name):
+            return delta_rule(q, k, v, bf, bb, SCALE)
+    return run
+
+
+def through_map(q, k, v, bf, bb):
+    return delta_rule_map(q, k, bf, bb, SCALE) @ v
+
+
+def assert_all_close(got, want, tol=1e-10):
+    for i, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=f"tensor {i} differs")
+
+
+# --- the three paths ---------------------------------------------------------------------------
+@pytest.mark.parametrize("n, chunk", [(50, 32), (50, 7), (50, 64), (20, 20), (1, 32)],
+                         ids=["several-chunks-ragged", "many-chunks", "fewer-tokens-than-chunk",
+                              "one-full-chunk", "one-token"])
+def test_reference_chunked_and_map_agree_forward_and_backward(monkeypatch, n, chunk):
+    monkeypatch.setattr(dr, "CHUNK", chunk)
+    inputs = scan_inputs(n=n)
+    want = with_grads(on_backend("reference"), inputs)
+    assert_all_close(with_grads(on_backend("torch"), inputs), want)
+    assert_all_close(with_grads(through_map, inputs), want)
+
+
+def test_chunked_backward_passes_gradcheck(monkeypatch):
+    """The hand-written backward against finite differences, on several chunks with padding."""
+    monkeypatch.setattr(dr, "CHUNK", 3)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 1, 7, 3, generator=g, dtype=torch.float64)
+    k = F.normalize(torch.randn(1, 1, 7, 3, generator=g, dtype=torch.float64), dim=-1)
+    v = torch.randn(1, 1, 7, 2, generator=g, dtype=torch.float64)
+    bf, bb = (torch.rand(1, 1, 7, generator=g, dtype=torch.float64) for _ in range(2))
+    leaves = [t.requires_grad_() for t in (q, k, v, bf, bb)]
+    assert torch.autograd.gradcheck(on_backend("torch"), leaves, fast_mode=True)
+
+
+def test_outputs_keep_the_input_dtype_and_compute_in_float32():
+    inputs = [t.float() for t in scan_inputs()]
+    want = on_backend("reference")(*inputs)
+    for name in ("reference", "torch"):
+        got = on_backend(name)(*[t.bfloat16() for t in inputs])
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.05)
+    torch.testing.assert_close(on_backend("torch")(*inputs), want, rtol=1e-4, atol=1e-5)
+
+
+# --- what the operator computes ----------------------------------------------------------------
+def causal_scan(q, k, v, beta):
+    """One direction, written as S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T."""
+    eye = torch.eye(k.shape[-1], dtype=k.dtype)
+    state = torch.zeros(*k.shape[:2], k.shape[-1], v.shape[-1], dtype=k.dtype)
+    outs = []
+    for t in range(k.shape[2]):
+        kt, bt = k[:, :, t, :, None], beta[:, :, t, None, None]
+        state = (eye - bt * kt @ kt.mT) @ state + bt * kt @ v[:, :, t, None, :]
+        outs.append(SCALE * (q[:, :, t, None, :] @ state)[:, :, 0])
+    return torch.stack(outs, dim=2)
+
+
+@pytest.mark.parametrize("name", ["reference", "torch"])
+def test_bidirectional_merge_is_the_average_of_both_scans_in_token_order(name):
+    q, k, v, bf, bb = scan_inputs()
+    forward = causal_scan(q, k, v, bf)
+    backward = causal_scan(q.flip(2), k.flip(2), v.flip(2), bb.flip(2))
+    got = on_backend(name)(q, k, v, bf, bb)
+    torch.testing.assert_close(got, (forward + backward.flip(2)) / 2, rtol=1e-10, atol=1e-10)
+    # the test can tell a merge that forgets to flip the backward half back
+    assert (got - (forward + backward) / 2).abs().max() > 0.1
+
+
+def test_each_direction_reads_only_its_side_of_the_sequence():
+    """beta_backward = 0: the backward scan writes nothing, the map is lower triangular and the
+    output is half the forward scan; beta_forward = 0 mirrors it."""
+    q, k, v, bf, bb = scan_inputs()
+    zero = torch.zeros_like(bf)
+    lower = delta_rule_map(q, k, bf, zero, SCALE)
+    upper = delta_rule_map(q, k, zero, bb, SCALE)
+    assert torch.equal(lower, lower.tril()) and lower.triu(1).abs().max() == 0
+    assert torch.equal(upper, upper.triu())
+    torch.testing.assert_close(on_backend("torch")(q, k, v, bf, zero), causal_scan(q, k, v, bf) / 2)
+
+
+@pytest.mark.parametrize("path", ["reference", "torch", "map"])
+def test_beta_one_overwrites_what_a_key_recalls(path):
+    """With beta = 1 and orthonormal keys a key recalls the latest value written under it, not the
+    sum of all of them (which linear attention would return)."""
+    d, n = 8, 12
+    k = torch.eye(d, dtype=torch.float64)[torch.arange(n) % 4].expand(1, 1, n, d)  # 4 keys, cycled
+    probe = torch.eye(d, dtype=torch.float64)[torch.tensor([1] * n)].expand(1, 1, n, d)  # key 1
+    v = torch.randn(1, 1, n, 5, dtype=torch.float64)
+    one, zero = torch.ones(1, 1, n, dtype=torch.float64), torch.zeros(1, 1, n, dtype=torch.float64)
+    run = through_map if path == "map" else on_backend(path)
+    got = run(probe, k, v, one, zero) * (2 / SCALE)          # the forward scan alone, unscaled
+    written = [t for t in range(n) if t % 4 == 1]             # tokens that wrote under key 1
+    for t in range(n):
+        latest = max((s for s in written if s <= t), default=None)
+        want = v[0, 0, latest] if latest is not None else torch.zeros(5, dtype=torch.float64)
+        torch.testing.assert_close(got[0, 0, t], want, msg=f"token {t}")
+    assert not torch.allclose(got[0, 0, -1], v[0, 0, written].sum(0))
+
+
+@pytest.mark.parametrize("name", ["reference", "torch"])
+def test_stable_at_beta_near_one_with_large_values(name):
+    n = 100
+    q, k, v, bf, bb = [t.float() for t in scan_inputs(n=n, d=16, dv=16)]
+    near_one = torch.full_like(bf, 1 - 1e-6)
+    inputs = [100 * q, k, 1e4 * v, near_one, near_one]
+    out, *grads = with_grads(on_backend(name), inputs)
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    # For unit keys and beta in [0, 1], |S_t|^2 <= |S_{t-1}|^2 + |v_t|^2 (Cauchy-Schwarz on
+    # S_t^T x = S_{t-1}^T (x - beta (k.x) k) + beta (k.x) v_t), so |o_t| <= s |q_t| sqrt(N) max |v|
+    bound = SCALE * inputs[0].norm(dim=-1) * math.sqrt(n) * inputs[2].norm(dim=-1).max()
+    assert (out.norm(dim=-1) <= bound * (1 + 1e-4)).all()
+
+
+def test_chunked_path_matches_the_reference_at_beta_near_one_in_float32():
+    """The chunk's triangular inverse is where float32 error could grow; it must not."""
+    inputs = [t.float() for t in scan_inputs(n=100, d=16, dv=16)]
+    inputs[3:] = [torch.full_like(inputs[3], 1 - 1e-6)] * 2
+    want = with_grads(on_backend("reference"), inputs)
+    for a, b in zip(with_grads(on_backend("torch"), inputs), want):
+        err = (a - b).abs().max() / b.abs().max()
+        assert err < 1e-4, err
+
+
+# --- the GPU path ------------------------------------------------------------------------------
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_triton_backend_without_fla_on_the_cpu_falls_back_once(caplog):
+    dr._warn_fallback.cache_clear()
+    inputs = scan_inputs()
+    with caplog.at_level(logging.WARNING, logger="linvit"):
+        outs = [on_backend("triton")(*inputs) for _ in range(3)]
+    warned = [r.getMessage() for r in caplog.records if "delta rule" in r.getMessage()]
+    assert len(warned) == 1 and "chunked PyTorch path" in warned[0]
+    assert torch.equal(outs[0], on_backend("torch")(*inputs))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available()
+                    or fla_kernel("delta_rule", "chunk_delta_rule") is None,
+                    reason="needs CUDA and flash-linear-attention")
+def test_fla_kernel_matches_the_chunked_path():
+    inputs = [t.float().cuda() for t in scan_inputs(n=200, d=64, dv=64)]
+    want = with_grads(on_backend("torch"), inputs)
+    got = with_grads(on_backend("triton"), [t.bfloat16() for t in inputs])
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dbeta_f", "dbeta_b"), got, want):
+        err = (a.float() - b).abs().max() / b.abs().max().clamp_min(1.0)
+        assert err < 3e-2, f"{name}: {err:.2e}"
+
+
+# --- the operator --------------------------------------------------------------------------------
+def make_op(seed=0, perturb=True, **options):
+    torch.manual_seed(seed)
+    cls = type("Opt", (DeltaNetAttention,), options) if options else DeltaNetAttention
+    op = cls(H * D, num_heads=H, qkv_bias=True)
+    if perturb:                                    # move the own parameters off their init
+        with torch.no_grad():
+            for name, p in op.named_parameters():
+                if name in op.operator_specific_parameters():
+                    p.add_(0.1 * torch.randn_like(p))
+    return op.double()
+
+
+def test_operator_parameters_get_the_same_gradients_on_every_path():
+    op = make_op()
+    x = torch.randn(B, N, H * D, dtype=torch.float64)
+    q, k, v = (t.detach() for t in op.project(x))
+    own = [p for n, p in op.named_parameters() if n in op.operator_specific_parameters()]
+    assert len(own) == 3
+
+    def grads(run):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = run(*leaves)
+        return [out, *torch.autograd.grad(out.square().sum(), [*leaves, *own])]
+
+    def mix(name):
+        def run(q, k, v):
+            with backend(name):
+                return op.global_mix(q, k, v)
+        return run
+
+    want = grads(mix("reference"))
+    assert_all_close(grads(mix("torch")), want, tol=1e-5)   # map and cores meet in float32
+    assert_all_close(grads(lambda q, k, v: op.attention_map(q, k).double() @ v), want, tol=1e-5)
+
+
+def test_init_writes_with_beta_init_everywhere_and_a_unit_query_gain():
+    for beta_init in (0.25, 0.1):
+        op = make_op(perturb=False, **({} if beta_init == 0.25 else {"beta_init": beta_init}))
+        assert torch.equal(op.beta_proj.weight, torch.zeros_like(op.beta_proj.weight))
+        assert torch.equal(op.query_scale, torch.ones_like(op.query_scale))
+        x = 50 * torch.randn(B, N, H * D, dtype=torch.float64)
+        q, k, _ = op.project(x)
+        *_, beta_f, beta_b = op.scan_inputs(q, k)
+        torch.testing.assert_close(beta_f, torch.full_like(beta_f, beta_init))
+        torch.testing.assert_close(beta_b, torch.full_like(beta_b, beta_init))
+    assert not DeltaNetAttention.option_rules["beta_init"][0](1.0)
+
+
+def test_at_init_the_output_ignores_query_and_key_lengths():
+    """q and k are normalised, and beta is data-independent at init: rescaling each token's q and
+    k changes nothing (the teacher's temperature is not carried over, as documented)."""
+    op = make_op(perturb=False)
+    x = torch.randn(B, N, H * D, dtype=torch.float64)
+    q, k, v = op.project(x)
+    lengths = torch.rand(B, H, N, 1, dtype=torch.float64) * 10 + 0.1
+    torch.testing.assert_close(op.global_mix(q * lengths, k / lengths, v), op.global_mix(q, k, v))
+    assert op.attention_map(q, k).dtype == torch.float32
+
+
+def test_core_flops_counts_the_chunked_path():
+    c, d, n = dr.CHUNK, 64, 4096
+    per_token = 2 * c * c + 16 * c * d + 10 * d * d
+    assert DeltaNetAttention.core_flops(n, d) == n * per_token
+    assert DeltaNetAttention.reference_max_tokens is not None
