@@ -31,7 +31,7 @@ def test_default_grid_has_every_strategy_on_three_linear_operators():
     config = default_config()
     cells = grid.expand_grid(config)
     main = [c for c in cells if c.loss in (config["main_loss"], "none") and c.operator != "softmax"]
-    assert {c.operator for c in main} >= {"linear", "focused", "inline"}
+    assert {c.operator for c in main} == {"linear", "focused", "gla"}
     assert {c.init for c in main} == set(config["strategies"])
     assert len(main) == len(config["strategies"]) * len(config["operators"])
     assert grid.teachers(cells) == [("fashion_mnist", "cpu96")]

@@ -10,6 +10,8 @@ import math
 from linvit.attention.base import AttentionOperator
 from linvit.attention.deltanet import DeltaNetAttention
 from linvit.attention.focused import FocusedLinearAttention
+from linvit.attention.gla import GatedLinearAttention
+from linvit.attention.mamba2 import Mamba2Attention
 from linvit.attention.hedgehog import HedgehogAttention
 from linvit.attention.inline import InLineAttention
 from linvit.attention.linear import LinearAttention
@@ -33,6 +35,8 @@ OPERATORS: dict[str, type[AttentionOperator]] = _by_name(
     FocusedLinearAttention,
     InLineAttention,
     HedgehogAttention,
+    GatedLinearAttention,
+    Mamba2Attention,
     DeltaNetAttention,
     TTTAttention,
 )

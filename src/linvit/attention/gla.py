@@ -17,8 +17,10 @@ and W1 keeps nn.Linear's random init so that W2's gradient is not zero.
 
 Deliberate differences from ViG: no output gate, RMSNorm or local (depthwise conv) term, all of
 which would make the layer nonlinear in V (the map would no longer be exact); the output is
-therefore a sum over tokens, not an average. Gates read the keys, not x (see merge_heads). Per
-step log-decays are floored at -MAX_STEP_DECAY (ViG's optional clamp_min), which keeps the
+therefore a signed sum over the tokens, not a weighted average, so a copied block starts on
+another scale than the teacher's (fine-tuning or distillation must absorb it). Gates read the
+keys, not x (see merge_heads). Per-token log-decays are floored at -MAX_STEP_DECAY = -1
+(a >= 0.37, reached only for g < ~-16; ViG's optional clamp_min, unset there), which keeps the
 chunked path exact and finite whatever the gates (linvit.ops.gated_scan).
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linvit.attention.base import AttentionOperator
-from linvit.ops.gated_scan import chunked_core_flops, gated_scan, gated_scan_map
+from linvit.ops.gated_scan import chunked_core_flops, compute_dtype, gated_scan, gated_scan_map
 
 GATE_NORMALISER = 16.0     # ViG's gate_logit_normalizer
 GATE_BIAS = 4.0            # attention-like at init: a ~ 1 - 1.1e-3 per token
@@ -38,6 +40,14 @@ class GatedLinearAttention(AttentionOperator):
     name = "gla"
     map_kind = "signed"
     options = {"gate_rank": 16}          # ViG's gate_low_rank_dim
+    init_notes = {
+        "gate_down": "PyTorch's default Linear init: random, so that gate_up's gradient "
+                     "(which reads gate_down(k)) is not zero",
+        "gate_up.weight": "0: the decays start data-independent, the copied q k^T alone decides "
+                          "the mixing",
+        "gate_up.bias": f"{GATE_BIAS:g}: a = sigmoid(b)^(1/16) ~ 1 - 1.1e-3 per token, ~0.8 "
+                        "across 196 tokens (attention-like; 0 would be almost local)",
+    }
     reference_max_tokens = 1024          # the reference path is a token-by-token loop
 
     def build(self, device=None, dtype=None):
@@ -47,23 +57,31 @@ class GatedLinearAttention(AttentionOperator):
         nn.init.zeros_(self.gate_up.weight)
         nn.init.constant_(self.gate_up.bias, GATE_BIAS)
 
-    def log_decays(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(forward, backward) log-decays, each (B, H, N, d) float32, from the keys."""
+    def log_decays(self, k: torch.Tensor) -> torch.Tensor:
+        """logsigmoid(g), (2, B, H, N, d): forward then backward; the log-decays are it / 16."""
         B, H, N, d = k.shape
-        g = self.gate_up(self.gate_down(self.merge_heads(k))).float()    # (B, N, 2 H d)
-        log_a = F.logsigmoid(g) / GATE_NORMALISER
-        forward, backward = log_a.reshape(B, N, 2, H, d).permute(2, 0, 3, 1, 4).unbind(0)
-        return forward, backward
+        # gate_down(merge_heads(k)), read per head and summed: no transposed copy of k
+        down = self.gate_down.weight.view(-1, H, d).permute(1, 2, 0)       # (H, d, r)
+        low = torch.matmul(k, down).sum(1)                                  # (B, N, r)
+        # gate_up per direction and head (its bias as a weight on a constant input), so that g
+        # comes out as (2, B, H, N, d): each direction contiguous in the scan's layout
+        low = torch.cat([low, low.new_ones(B, N, 1)], dim=-1)
+        weight = torch.cat([self.gate_up.weight, self.gate_up.bias[:, None]], dim=1)
+        weight = weight.view(2, 1, H, d, -1).transpose(-1, -2)            # (2, 1, H, r + 1, d)
+        return F.logsigmoid(torch.matmul(low[None, :, None], weight).to(compute_dtype(k)))
 
     def global_mix(self, q, k, v):
-        # (o_F + o_B) / 2: the 1/2 folded into the query scale
-        return gated_scan(q * (self.scale / 2), k, v, self.log_decays(k))
+        # s (o_F + o_B) / 2: the 1/2 goes with the query scale
+        return gated_scan(q, k, v, self.log_decays(k), scale=self.scale / 2,
+                          decay_scale=1 / GATE_NORMALISER)
 
     def attention_map(self, q, k):
-        return gated_scan_map(q * (self.scale / 2), k, self.log_decays(k)).float()
+        return gated_scan_map(q, k, self.log_decays(k), scale=self.scale / 2,
+                              decay_scale=1 / GATE_NORMALISER).float()
 
     @classmethod
     def core_flops(cls, tokens, head_dim):
-        # per head and token: the gate projection's share (2 d r down, 2 r 2d up), then the scans
-        gate = 6.0 * tokens * head_dim * cls.gate_rank
+        # per head and token: the gate projection's share (2 d r down, 2 (r + 1) 2d up, the bias
+        # as one more input), then the scans
+        gate = 2.0 * tokens * head_dim * (3 * cls.gate_rank + 2)
         return gate + chunked_core_flops(tokens, head_dim, head_dim)

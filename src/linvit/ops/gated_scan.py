@@ -1,7 +1,6 @@
 """Bidirectional gated linear attention: tensors in, tensors out (GLA's and Mamba-2/SSD's core).
 
-Per head, with log-decays log_a (B, H, N, Dk) per key channel (GLA) or (B, H, N, 1) per head
-(SSD), the forward scan is
+Per head, with log-decays log a_i per key channel (GLA) or one per head (SSD), the forward scan is
 
     S_i = diag(a_i) S_{i-1} + k_i v_i^T,    o_i = q_i^T S_i        (inclusive: j <= i)
 
@@ -11,24 +10,25 @@ form, with b_i = sum_{t<=i} log a_t (forward) and c_i = sum_{t>=i} log a_t (back
     M_F[i, j] = [j <= i] sum_d q_id k_jd exp(b_id - b_jd)
     M_B[i, j] = [j >= i] sum_d q_id k_jd exp(c_id - c_jd)
 
-`gated_scan` returns o_F + o_B = (M_F + M_B) V; callers fold any weight into q. With
-strict=True the diagonal is left out of both (j < i, j > i: SSD as Hydra's quasiseparable mixer);
-`key_scale` = (w_F, w_B), each (B, H, N, 1), multiplies the keys of each direction (SSD's dt).
+`gated_scan` returns scale (o_F + o_B) = scale (M_F + M_B) V, `gated_scan_map` the map. Both
+directions' inputs come stacked on a leading axis of 2: log_a (2, B, H, N, Dk or 1), the log-decays
+being decay_scale * log_a; key_scale (2, B, H, N, 1) multiplies each direction's keys (SSD's dt).
+With strict=True the diagonal is left out (j < i, j > i: SSD as Hydra's quasiseparable mixer).
 
 Paths, picked by linvit.ops.linear_attention.resolve_backend:
-  reference  the recurrence token by token: the readable definition (slow, O(N) steps);
-  torch      chunked: exact within chunks of CHUNK tokens, a state carried between them; time and
-             memory linear in N; both directions in one batch (stack_directions);
+  reference  the recurrence token by token: the readable definition (slow: N steps);
+  torch      chunked: exact within chunks of CHUNK tokens, a state carried between them, time and
+             memory linear in N; both directions at once on shared q, k, v, with the backward
+             pass written out (_ChannelChunks, _ScalarChunks);
   triton     fla's chunk_gla / chunk_simple_gla on CUDA when flash-linear-attention is installed,
              otherwise the chunked path (said once).
-`gated_scan_map` forms M_F + M_B explicitly.
 
-Numerics: computed in float32 (float64 kept for float64 inputs) and cast back to v's dtype.
-Decays enter only as differences of cumulative log-gates, exponentiated after subtracting, so
-inter-chunk exponents are always <= 0. Per-channel log-decays are floored at -MAX_STEP_DECAY per
-token, in every path alike: within a chunk, sum_d q_id k_jd exp(b_id - b_jd) is computed as a
-matmul of q exp(b - b_ref) and k exp(b_ref - b), and the floor bounds both exponents by
-EXP_BOUND, whatever the gates. Scalar decays need no floor (the C x C decay matrix is exact).
+Numerics: computed in float32 (float64 kept for float64 inputs), cast back to v's dtype. Decays
+enter as differences of cumulative log-gates, and every inter-chunk exponent is <= 0. Within a
+chunk, scalar decays use the exact C x C matrix exp(b_i - b_j), masked before exp. Per-channel
+decays use the factorisation (q e^b)(k e^-b)^T, which needs e^-b finite: they are floored at
+-MAX_STEP_DECAY per token, in every path alike (a deliberate part of the definition), so that
+|b| <= CHUNK * MAX_STEP_DECAY <= EXP_BOUND within a chunk whatever the gates.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ import logging
 import math
 
 import torch
+import torch.nn.functional as F
 
 from linvit.ops.bidirectional import (
     TOKENS,
@@ -51,12 +52,12 @@ from linvit.ops.linear_attention import resolve_backend
 
 log = logging.getLogger("linvit")
 
-CHUNK = 32                 # tokens per chunk of the torch path (measured: see the report / bench)
-MAX_STEP_DECAY = 2.0       # per-channel log-decays are floored at -2 per token (a ~ 0.135)
-EXP_BOUND = 32.0           # |exponent| of the factorised intra-chunk terms: e^32 ~ 8e13
-REF = (CHUNK - 1) // 2     # the reference token of the factorisation: mid-chunk halves its range
-# |b_i - b_REF| <= (tokens between i and REF) * MAX_STEP_DECAY for every i in a chunk.
-assert max(REF, CHUNK - 1 - REF) * MAX_STEP_DECAY <= EXP_BOUND, "chunk too long for the floor"
+# 64 measured fastest on the CPU (32 and 128 each ~12% slower at N=4096): the C^2 intra-chunk
+# work grows with C, the states' traffic and the sequential loop shrink.
+CHUNK = 64
+MAX_STEP_DECAY = 1.0       # per-channel log-decays are floored at -1 per token (a >= 0.37)
+EXP_BOUND = 64.0           # e^-b <= e^64 ~ 6e27 within a chunk (float32 overflows past e^88)
+assert CHUNK * MAX_STEP_DECAY <= EXP_BOUND, "chunk too long for the per-channel decay floor"
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -64,39 +65,45 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
-def floor_decays(log_a: torch.Tensor) -> torch.Tensor:
-    """The definition's floor: per-channel log-decays below -MAX_STEP_DECAY are raised to it."""
-    return log_a if log_a.shape[-1] == 1 else log_a.clamp_min(-MAX_STEP_DECAY)
+def floor_decays(log_a: torch.Tensor, decay_scale: float = 1.0) -> torch.Tensor:
+    """The definition's floor: per-channel log-decays decay_scale * log_a below -MAX_STEP_DECAY
+    are raised to it. Off CUDA the clamp (and its backward) is skipped where nothing reaches the
+    floor, the usual case; on CUDA it always runs, as asking would wait for the device."""
+    floor = -MAX_STEP_DECAY / decay_scale
+    if log_a.shape[-1] == 1 or not (log_a.is_cuda or log_a.min() < floor):
+        return log_a
+    return log_a.clamp_min(floor)
 
 
-def _prepare(q, k, log_a, key_scale, dtype):
-    """(q, (k_F, k_B), (la_F, la_B)) in `dtype`, keys weighted, per-channel decays floored."""
-    q, k = q.to(dtype), k.to(dtype)
-    keys = (k, k) if key_scale is None else tuple(k * w.to(dtype) for w in key_scale)
-    decays = tuple(floor_decays(la.to(dtype)) for la in log_a)
-    return q, keys, decays
-
-
-def gated_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               log_a: tuple[torch.Tensor, torch.Tensor],
-               key_scale: tuple[torch.Tensor, torch.Tensor] | None = None,
-               strict: bool = False) -> torch.Tensor:
-    """o_F + o_B, (B, H, N, Dv) in v's dtype. q, k (B, H, N, Dk); v (B, H, N, Dv); log_a the
-    (forward, backward) log-decays, each (B, H, N, Dk) or (B, H, N, 1), <= 0."""
+def _prepare(q, k, v, log_a, key_scale, decay_scale):
+    """q, k, v, log_a (floored) and key scales in the compute dtype."""
     dtype = compute_dtype(v)
-    q, keys, decays = _prepare(q, k, log_a, key_scale, dtype)
-    v32 = v.to(dtype)
+    scales = None if key_scale is None else key_scale.to(dtype)
+    return (q.to(dtype), k.to(dtype), v.to(dtype), floor_decays(log_a.to(dtype), decay_scale),
+            scales)
+
+
+def _directions(k, key_scale):
+    """The keys of each direction, (k_F, k_B)."""
+    return (k, k) if key_scale is None else (k * key_scale[0], k * key_scale[1])
+
+
+def gated_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_a: torch.Tensor,
+               key_scale: torch.Tensor | None = None, strict: bool = False, scale: float = 1.0,
+               decay_scale: float = 1.0) -> torch.Tensor:
+    """scale (o_F + o_B), (B, H, N, Dv) in v's dtype. q, k (B, H, N, Dk); v (B, H, N, Dv); log_a
+    (2, B, H, N, Dk or 1), decay_scale > 0 and decay_scale * log_a <= 0; key_scale
+    (2, B, H, N, 1) or None."""
+    q32, k32, v32, log_a, scales = _prepare(q, k, v, log_a, key_scale, decay_scale)
     name = resolve_backend(q)
     if name == "reference":
-        out = (_recurrence(q, keys[0], v32, decays[0], strict, reverse=False)
-               + _recurrence(q, keys[1], v32, decays[1], strict, reverse=True))
-    elif name == "triton" and _fla_usable(q, decays[0]):
-        out = _fla_scan(q, keys, v32, decays, strict)
+        keys, decays = _directions(k32, scales), decay_scale * log_a
+        out = scale * (_recurrence(q32, keys[0], v32, decays[0], strict, reverse=False)
+                       + _recurrence(q32, keys[1], v32, decays[1], strict, reverse=True))
+    elif name == "triton" and _fla_usable(q, log_a):
+        out = _fla_scan(q32 * scale, _directions(k32, scales), v32, decay_scale * log_a, strict)
     else:
-        stacked = _chunked(stack_directions(q, q), stack_directions(*keys),
-                           stack_directions(v32, v32), stack_directions(*decays), strict)
-        forward, backward = split_directions(stacked)
-        out = forward + backward
+        out = _chunked(q32, k32, v32, log_a, scales, strict, scale, decay_scale)
     return out.to(v.dtype)
 
 
@@ -115,84 +122,314 @@ def _recurrence(q, k, v, log_a, strict: bool, reverse: bool) -> torch.Tensor:
     return torch.stack(out, dim=TOKENS)
 
 
-# --- torch: chunked ----------------------------------------------------------------------------
-def _chunked(q, k, v, log_a, strict: bool) -> torch.Tensor:
-    """The causal scan of a batch (both directions stacked): (B, H, N, Dv)."""
+# --- torch: chunked, both directions at once ----------------------------------------------------
+def _chunked(q, k, v, log_a, scales, strict: bool, scale: float, decay_scale: float):
+    """Tokens in chunks, (B, H, N, d) -> (B*H, n, CHUNK, d); zero keys pad the tail, cut off at
+    the end. Both directions share q, k, v here: no flipped copies."""
     B, H, N, _ = q.shape
     n = -(-N // CHUNK)
-    pad = n * CHUNK - N            # zero keys add nothing; the padded tail is cut off at the end
-    q, k, v, log_a = (torch.nn.functional.pad(t, (0, 0, 0, pad)).unflatten(TOKENS, (n, CHUNK))
-                      for t in (q, k, v, log_a))                     # (B, H, n, C, .)
-    b = log_a.cumsum(3)                # decay from the chunk's start through token i, <= 0
-    last = b[:, :, :, -1:]             # the whole chunk's decay, (B, H, n, 1, Dk|1)
-    # between chunks: each chunk's keys decayed to its end, summed into a state passed on
-    k_end = k * (last - b).exp()
-    states = chunk_states(k_end.transpose(-1, -2) @ v, last.transpose(-1, -2).exp())
-    out = (q * b.exp()) @ states                                     # (B, H, n, C, Dv)
-    out = out + _intra_chunk(q, k, b, strict) @ v
-    return out.flatten(2, 3)[:, :, :N]
+
+    def blocks(t):
+        t = F.pad(t, (0, 0, 0, n * CHUNK - N)) if n * CHUNK != N else t
+        return t.reshape(*t.shape[:-4], B * H, n, CHUNK, t.shape[-1])
+
+    q, k, v, log_a = blocks(q), blocks(k), blocks(v), blocks(log_a)
+    if log_a.shape[-1] == 1:
+        weights = None if scales is None else blocks(scales)
+        out = _ScalarChunks.apply(q, k, v, log_a, weights, scale, decay_scale, strict)
+    else:
+        k_f, k_b = (k, k) if scales is None else _directions(k, blocks(scales))
+        out = _ChannelChunks.apply(q, k_f, k_b, v, log_a, scale, decay_scale, strict)
+    return out.view(B, H, n * CHUNK, -1)[:, :, :N]
 
 
-def _intra_chunk(q, k, b, strict: bool) -> torch.Tensor:
-    """(B, H, n, C, C): sum_d q_id k_jd exp(b_id - b_jd) for j <= i (j < i if strict), else 0."""
-    C = q.shape[3]
-    mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1 if strict else 0)
-    if b.shape[-1] == 1:               # scalar: the exponent is masked before exp, so exact
-        decay = torch.where(mask, b - b.transpose(-1, -2), -math.inf).exp()
-        return (q @ k.transpose(-1, -2)) * decay
-    ref = b[:, :, :, REF:REF + 1]      # both exponents bounded by EXP_BOUND (see the top)
-    scores = (q * (b - ref).exp()) @ (k * (ref - b).exp()).transpose(-1, -2)
-    return torch.where(mask, scores, 0.0)
+def _cumulative(log_a, decay_scale: float, transpose: bool = False) -> torch.Tensor:
+    """decay_scale times the cumulative log-gates within each chunk, (2, X, n, C, .): b_i =
+    sum_{t<=i} (forward), c_i = sum_{t>=i} (backward); with transpose, the gradient map back.
+    A matmul with triangular ones per direction: as fast as a cumsum here, and it takes the scale
+    and the backward direction's reversed sum for free."""
+    ones = torch.full((log_a.shape[-2],) * 2, decay_scale, dtype=log_a.dtype, device=log_a.device)
+    out = torch.empty_like(log_a)
+    for i, triangle in enumerate((ones.tril(), ones.triu())):
+        torch.matmul(triangle.T if transpose else triangle, log_a[i], out=out[i])
+    return out
 
 
-def chunk_states(inputs: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
-    """The state entering each chunk: E_0 = 0, E_c = decay_{c-1} * E_{c-1} + inputs_{c-1}.
-    inputs (B, H, n, Dk, Dv); decay (B, H, n, Dk|1, 1), in [0, 1]."""
-    return _ChunkStates.apply(inputs, decay)
+def _below(C: int, device) -> torch.Tensor:
+    """(C, C) mask, true strictly below the diagonal: the forward direction's part of a chunk."""
+    return torch.ones(C, C, dtype=torch.bool, device=device).tril_(-1)
 
 
-class _ChunkStates(torch.autograd.Function):
-    """The one sequential part of the chunked path, as a loop over chunks writing in place: an
-    autograd graph of 2n small nodes would cost more than the arithmetic."""
+def _linear_scan(x, gamma, reverse: bool, out: torch.Tensor) -> torch.Tensor:
+    """out_c = gamma_c out_prev + x_c along the chunk axis (dim 1), prev the chunk before c in
+    scan order (c - 1, or c + 1 if reverse), out_first = x_first. The one sequential part, done
+    in groups of ~sqrt(n) chunks: the scan inside every group at once, then across the groups'
+    ends, then one fill; ~2 sqrt(n) ops over many chunks each rather than n small ones."""
+    n = x.shape[1]
+    if n == 0:
+        return out
+    size = max(1, math.isqrt(n))
+    groups = n // size
+    main = slice(n - groups * size, n) if reverse else slice(0, groups * size)
+    xm, gm, om = (t[:, main].unflatten(1, (groups, size)) for t in (x, gamma, out))
+    first, last = (size - 1, 0) if reverse else (0, size - 1)
+    om[:, :, first].copy_(xm[:, :, first])
+    for j in (range(size - 2, -1, -1) if reverse else range(1, size)):     # inside the groups
+        torch.addcmul(xm[:, :, j], gm[:, :, j], om[:, :, j + 1 if reverse else j - 1],
+                      out=om[:, :, j])
+    # decay from each group's start (in scan order) through each of its chunks
+    decay = gm.flip(2).cumprod(2).flip(2) if reverse else gm.cumprod(2)
+    ends = om[:, :, last]
+    for s in (range(groups - 2, -1, -1) if reverse else range(1, groups)):   # across groups
+        ends[:, s].addcmul_(decay[:, s, last], ends[:, s + 1 if reverse else s - 1])
+    if groups > 1 and reverse:                          # the rest of every group, at once
+        om[:, :-1, 1:].addcmul_(decay[:, :-1, 1:], om[:, 1:, :1])
+    elif groups > 1:
+        om[:, 1:, :-1].addcmul_(decay[:, 1:, :-1], om[:, :-1, -1:])
+    for c in (range(n - groups * size - 1, -1, -1) if reverse else range(groups * size, n)):
+        torch.addcmul(x[:, c], gamma[:, c], out[:, c + 1 if reverse else c - 1], out=out[:, c])
+    return out
+
+
+def _states(inputs, gamma, reverse: bool, out: torch.Tensor) -> torch.Tensor:
+    """The state entering each chunk, (X, n, K, V): E = 0 entering the first chunk in scan order,
+    then E_c = gamma_p E_p + U_p, p the chunk before c (U: the chunk's own keys and values,
+    decayed to its end): the scan of (U, gamma), one chunk later."""
+    if reverse:
+        out[:, -1].zero_()
+        _linear_scan(inputs[:, 1:], gamma[:, 1:], True, out[:, :-1])
+        return out
+    out[:, 0].zero_()
+    _linear_scan(inputs[:, :-1], gamma[:, :-1], False, out[:, 1:])
+    return out
+
+
+def _states_grad(grad, gamma, states, reverse: bool, inputs_decayed: bool):
+    """(dL/dU, dL/dlog gamma) of `_states` given dL/dE. R_c, the gradient reaching E_c through
+    every later state (R_c = dL/dE_c + gamma_c R_next), is dL/dU of the chunk before c: a scan
+    the other way. inputs_decayed: U_p = gamma_p W_p, and d log gamma counts that path too."""
+    d_in = torch.empty_like(grad)
+    if reverse:                                         # R runs up, dU_p = R_(p-1)
+        d_in[:, 0].zero_()
+        _linear_scan(grad[:, :-1], gamma[:, :-1], False, d_in[:, 1:])
+    else:                                               # R runs down, dU_p = R_(p+1)
+        d_in[:, -1].zero_()
+        _linear_scan(grad[:, 1:], gamma[:, 1:], True, d_in[:, :-1])
+    nxt, cur = (slice(None, -1), slice(1, None)) if reverse else (slice(1, None), slice(None, -1))
+    d_log = torch.zeros_like(gamma)
+    if inputs_decayed:      # d log gamma_p = sum R_c (gamma_p E_p + U_p) = sum R_c E_c
+        d_log[:, cur] = (d_in[:, cur] * states[:, nxt]).sum_to_size(d_log[:, cur].shape)
+    else:                   # d log gamma_p = gamma_p sum R_c E_p
+        d_log[:, cur] = (d_in[:, cur] * states[:, cur]).sum_to_size(d_log[:, cur].shape)
+        d_log[:, cur] *= gamma[:, cur]
+    return d_in, d_log
+
+
+def _chunk_total(e, reverse: bool):
+    """A chunk's whole decay, kept as a (X, n, 1, .) slice: exp of b_last (or of c_first)."""
+    return e[:, :, :1] if reverse else e[:, :, -1:]
+
+
+def _set_diagonal(a, extra):
+    """The diagonal of the chunk matrices a (X, n, C, C), which holds the backward direction's
+    term: zeroed (extra None: strict), or plus the forward direction's `extra` (X, n, C)."""
+    diagonal = a.diagonal(dim1=-2, dim2=-1)
+    if extra is None:
+        diagonal.zero_()
+    else:
+        diagonal.add_(extra)
+
+
+def _bmm(a, b):
+    """Batched matmul over the (X, n) chunk axes: (X, n, r, s) @ (X, n, s, t)."""
+    return (a.flatten(0, 1) @ b.flatten(0, 1)).view(*a.shape[:2], a.shape[2], b.shape[3])
+
+
+def _left_right(q, v):
+    """Buffers L (X, n, C, C + 2K) and R (X, n, C + 2K, V) that the forward pass fills in place:
+    L = [A | P_F | P_B], R = [s V ; E_F ; E_B], so that the output s (A V + P_F E_F + P_B E_B) is
+    one matmul, with no partial sums written and read back."""
+    X, n, C, K = q.shape
+    left = q.new_empty(X, n, C, C + 2 * K)
+    right = q.new_empty(X, n, C + 2 * K, v.shape[-1])
+    return left, right
+
+
+def _parts(left, right, K):
+    """The views (A, P_F, P_B) of L and (s V, E_F, E_B) of R."""
+    C = left.shape[2]
+    return ((left[..., :C], left[..., C:C + K], left[..., C + K:]),
+            (right[:, :, :C], right[:, :, C:C + K], right[:, :, C + K:]))
+
+
+class _ChannelChunks(torch.autograd.Function):
+    """Per-channel decays, both directions, forward and backward written out (autograd over the
+    same steps keeps ~3x the tensors and ran ~2x slower). Per direction, with e = exp(b):
+    P = q e, K = k / e (so P_i K_j = q_i k_j e^(b_i - b_j)), U = e_last K^T V per chunk (its keys
+    decayed to its end), E the states, A = P K^T masked to the direction's side of the diagonal;
+    out = A V + P_F E_F + P_B E_B."""
 
     @staticmethod
-    def forward(ctx, inputs, decay):
-        states = torch.zeros_like(inputs)
-        for c in range(1, inputs.shape[2]):
-            torch.addcmul(inputs[:, :, c - 1], decay[:, :, c - 1], states[:, :, c - 1],
-                          out=states[:, :, c])
-        ctx.save_for_backward(decay, states)
-        return states
+    def forward(ctx, q, k_f, k_b, v, log_a, scale, decay_scale, strict):
+        left, right = _left_right(q, v)
+        (a, p_f, p_b), (v_s, s_f, s_b) = _parts(left, right, q.shape[-1])
+        torch.mul(v, scale, out=v_s)
+        e_f, e_b = _cumulative(log_a, decay_scale).exp_()
+        torch.mul(q, e_f, out=p_f)
+        torch.mul(q, e_b, out=p_b)
+        kk_f, kk_b = k_f / e_f, k_b / e_b
+        for kk, e, s, rev in ((kk_f, e_f, s_f, False), (kk_b, e_b, s_b, True)):
+            total = _chunk_total(e, rev).transpose(-1, -2)          # (X, n, K, 1)
+            _states(_bmm(kk.transpose(-1, -2), v_s).mul_(total), total, rev, out=s)
+        a_f = _bmm(p_f, kk_f.transpose(-1, -2))
+        torch.where(_below(q.shape[2], q.device), a_f, _bmm(p_b, kk_b.transpose(-1, -2)), out=a)
+        _set_diagonal(a, None if strict else a_f.diagonal(dim1=-2, dim2=-1))
+        ctx.save_for_backward(left, right, e_f, e_b, kk_f, kk_b)
+        ctx.scale, ctx.decay_scale, ctx.strict = scale, decay_scale, strict
+        ctx.same_keys = k_f is k_b
+        return _bmm(left, right)
 
     @staticmethod
     def backward(ctx, grad):
-        decay, states = ctx.saved_tensors
-        # R_c = dL/dE_c through every later state: R_c = grad_c + decay_c * R_{c+1}
-        total = grad.clone()
-        for c in range(grad.shape[2] - 2, -1, -1):
-            total[:, :, c].addcmul_(decay[:, :, c], total[:, :, c + 1])
-        grad_inputs = torch.zeros_like(grad)
-        grad_inputs[:, :, :-1] = total[:, :, 1:]                    # E_{c+1} reads inputs_c
-        grad_decay = torch.zeros_like(decay)
-        grad_decay[:, :, :-1] = (total[:, :, 1:] * states[:, :, :-1]).sum_to_size(
-            decay[:, :, :-1].shape)
-        return grad_inputs, grad_decay
+        left, right, e_f, e_b, kk_f, kk_b = ctx.saved_tensors
+        (a, p_f, p_b), (v_s, s_f, s_b) = _parts(left, right, e_f.shape[-1])
+        g = grad.contiguous()
+        d_a = _bmm(g, v_s.transpose(-1, -2))
+        d_v = _bmm(a.transpose(-1, -2), g)                     # d(s v); times s at the end
+        d_cum = e_f.new_empty(2, *e_f.shape)                  # d cumulative log-gates
+        d_q, d_ks = None, []
+        sides = ((d_a.tril(-1 if ctx.strict else 0), e_f, p_f, kk_f, s_f, False),
+                 (d_a.triu_(1 if ctx.strict else 0), e_b, p_b, kk_b, s_b, True))
+        for i, (d_a_side, e, p, kk, s, rev) in enumerate(sides):
+            total = _chunk_total(e, rev).transpose(-1, -2)
+            d_u, d_log = _states_grad(_bmm(p.transpose(-1, -2), g), total, s, rev, True)
+            d_w = d_u.mul_(total)                              # U = total W
+            d_v.flatten(0, 1).baddbmm_(kk.flatten(0, 1), d_w.flatten(0, 1),
+                                       beta=1.0 if i == 0 else ctx.scale,
+                                       alpha=1.0 if i == 0 else ctx.scale)
+            d_p = _bmm(g, s.transpose(-1, -2))
+            d_p.flatten(0, 1).baddbmm_(d_a_side.flatten(0, 1), kk.flatten(0, 1))
+            d_kk = _bmm(v_s, d_w.transpose(-1, -2))
+            d_kk.flatten(0, 1).baddbmm_(d_a_side.transpose(-1, -2).flatten(0, 1), p.flatten(0, 1))
+            torch.mul(d_p, p, out=d_cum[i])
+            d_cum[i].addcmul_(d_kk, kk, value=-1.0)            # d(q e)/db = P, d(k/e)/db = -K
+            d_cum[i].select(2, 0 if rev else -1).add_(d_log.squeeze(-1))   # b_last: the total
+            d_q = d_p.mul_(e) if d_q is None else d_q.addcmul_(d_p, e)
+            d_ks.append(d_kk.div_(e))
+        d_kf, d_kb = (d_ks[0].add_(d_ks[1]), None) if ctx.same_keys else d_ks
+        d_log_a = _cumulative(d_cum, ctx.decay_scale, transpose=True)
+        return d_q, d_kf, d_kb, d_v, d_log_a, None, None, None
+
+
+class _ScalarChunks(torch.autograd.Function):
+    """One decay per head and token, both directions, backward written out. Within a chunk the
+    exact C x C matrix mix_ij = [j <= i] w^F_j e^(b_i - b_j) + [j >= i] w^B_j e^(c_i - c_j) (each
+    exponent taken on its own side of the diagonal, so <= 0) weighs q k^T; between chunks P = q e^b
+    meets the states of the keys weighted by w e^(b_last - b_j) <= w, whatever the decays."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, log_a, weights, scale, decay_scale, strict):
+        left, right = _left_right(q, v)
+        (a, p_f, p_b), (v_s, s_f, s_b) = _parts(left, right, q.shape[-1])
+        torch.mul(v, scale, out=v_s)
+        cum_f, cum_b = cums = _cumulative(log_a, decay_scale)       # (X, n, C, 1) each
+        saved = []
+        for cum, w, p, s, rev in ((cum_f, weights, p_f, s_f, False),
+                                  (cum_b, weights, p_b, s_b, True)):
+            w = None if w is None else w[int(rev)]
+            r = (_chunk_total(cum, rev) - cum).exp()           # decay to the chunk's end/start
+            e = cum.exp()
+            torch.mul(q, e, out=p)
+            kk = k * (r if w is None else r * w)
+            _states(_bmm(kk.transpose(-1, -2), v_s), _chunk_total(e, rev), rev, out=s)
+            saved += [e, r, kk]
+        below = _below(q.shape[2], q.device)
+        dec = torch.where(below, cum_f - cum_f.transpose(-1, -2),
+                          cum_b - cum_b.transpose(-1, -2)).exp_()
+        mix = dec if weights is None else dec * torch.where(
+            below, weights[0].transpose(-1, -2), weights[1].transpose(-1, -2))
+        # (mix may be dec itself: dec's diagonal is never read again)
+        _set_diagonal(mix, None if strict else (1.0 if weights is None else weights[0][..., 0]))
+        qk = _bmm(q, k.transpose(-1, -2))
+        torch.mul(qk, mix, out=a)
+        ctx.save_for_backward(q, k, weights, *saved, dec, mix, qk, left, right, cums)
+        ctx.scale, ctx.decay_scale, ctx.strict = scale, decay_scale, strict
+        return _bmm(left, right)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (q, k, weights, e_f, r_f, kk_f, e_b, r_b, kk_b, dec, mix, qk, left, right,
+         cums) = ctx.saved_tensors
+        (a, p_f, p_b), (v_s, s_f, s_b) = _parts(left, right, q.shape[-1])
+        g = grad.contiguous()
+        d_a = _bmm(g, v_s.transpose(-1, -2))
+        d_v = _bmm(a.transpose(-1, -2), g)
+        d_qk = d_a * mix
+        d_q, d_k = _bmm(d_qk, k), _bmm(d_qk.transpose(-1, -2), q)
+        d_cum = torch.empty_like(cums)
+        d_w = None if weights is None else torch.empty_like(weights)
+        totals = []
+        for i, (e, r, kk, p, s) in enumerate(((e_f, r_f, kk_f, p_f, s_f),
+                                              (e_b, r_b, kk_b, p_b, s_b))):
+            kw = r if weights is None else r * weights[i]
+            d_u, d_log = _states_grad(_bmm(p.transpose(-1, -2), g), _chunk_total(e, i == 1), s,
+                                      i == 1, False)
+            d_v.flatten(0, 1).baddbmm_(kk.flatten(0, 1), d_u.flatten(0, 1),
+                                       beta=1.0 if i == 0 else ctx.scale,
+                                       alpha=1.0 if i == 0 else ctx.scale)
+            d_p = _bmm(g, s.transpose(-1, -2))
+            d_kk = _bmm(v_s, d_u.transpose(-1, -2))            # d(k kw)
+            d_q.addcmul_(d_p, e)
+            d_k.addcmul_(d_kk, kw)
+            d_kw = (d_kk * k).sum(-1, keepdim=True)            # (X, n, C, 1)
+            # kw = w r, r = e^(total - b): d b -= d_kw kw, d total += sum of d_kw kw
+            torch.sum(d_p * p, -1, keepdim=True, out=d_cum[i]).addcmul_(d_kw, kw, value=-1.0)
+            totals.append(d_log.squeeze(-1) + (d_kw * kw).sum(2))
+            if d_w is not None:
+                torch.mul(d_kw, r, out=d_w[i])
+        _scalar_mix_grad(d_cum, d_w, d_a.mul_(qk), dec, weights, ctx.strict)
+        d_cum[0][:, :, -1] += totals[0]                        # the chunk total is b_last
+        d_cum[1][:, :, 0] += totals[1]
+        d_log_a = _cumulative(d_cum, ctx.decay_scale, transpose=True)
+        return d_q, d_k, d_v, d_log_a, d_w, None, None, None
+
+
+def _scalar_mix_grad(d_cum, d_w, d_mix, dec, weights, strict: bool):
+    """Adds the intra-chunk matrix's share to d cumulative and d key weights, (2, X, n, C, 1).
+    With t = d_mix dec: d w_j = column sums of t on the direction's side; d exponent = t w_j,
+    whose row sums are matrix-vector products and whose column sums are w_j times those of t."""
+    diagonal = d_mix.diagonal(dim1=-2, dim2=-1)
+    if not strict and d_w is not None:                         # mix_ii = w^F_i + w^B_i
+        d_w += diagonal.unsqueeze(-1)
+    diagonal.zero_()                                           # e^0 there: no decay gradient
+    t = d_mix.mul_(dec)
+    lower = t.tril(-1)
+    col_f = lower.sum(-2).unsqueeze(-1)                        # (X, n, C, 1)
+    col_b = t.sum(-2).unsqueeze(-1) - col_f
+    w = torch.ones_like(d_cum) if weights is None else weights
+    rows = _bmm(lower, torch.cat([w[0], w[1]], dim=-1))       # (X, n, C, 2)
+    row_b = _bmm(t, w[1]) - rows[..., 1:]
+    for i, (row, col) in enumerate(((rows[..., :1], col_f), (row_b, col_b))):
+        d_cum[i] += row - w[i] * col                           # exponent x_i - x_j
+        if d_w is not None:
+            d_w[i] += col
 
 
 # --- explicit map ------------------------------------------------------------------------------
-def gated_scan_map(q: torch.Tensor, k: torch.Tensor, log_a: tuple[torch.Tensor, torch.Tensor],
-                   key_scale: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   strict: bool = False) -> torch.Tensor:
-    """M_F + M_B, (B, H, N, N), in float32 (float64 for float64 inputs): o = map @ v."""
-    dtype = compute_dtype(q)
-    q, keys, decays = _prepare(q, k, log_a, key_scale, dtype)
+def gated_scan_map(q: torch.Tensor, k: torch.Tensor, log_a: torch.Tensor,
+                   key_scale: torch.Tensor | None = None, strict: bool = False,
+                   scale: float = 1.0, decay_scale: float = 1.0) -> torch.Tensor:
+    """scale (M_F + M_B), (B, H, N, N), in float32 (float64 for float64 inputs): out = map @ v."""
+    q, k, _, log_a, scales = _prepare(q, k, k, log_a, key_scale, decay_scale)
+    keys = _directions(k, scales)
     N = q.shape[2]
     lower = torch.ones(N, N, dtype=torch.bool, device=q.device).tril(-1 if strict else 0)
     # cumulative sums in float64: over thousands of tokens float32 loses the small differences
     # that near-diagonal entries need
-    b = decays[0].double().cumsum(TOKENS)
-    c = decays[1].double().flip(TOKENS).cumsum(TOKENS).flip(TOKENS)
-    return (_direction_map(q, keys[0], b, lower) + _direction_map(q, keys[1], c, lower.T))
+    decays = decay_scale * log_a.double()
+    b = decays[0].cumsum(TOKENS)
+    c = decays[1].flip(TOKENS).cumsum(TOKENS).flip(TOKENS)
+    return scale * (_direction_map(q, keys[0], b, lower) + _direction_map(q, keys[1], c, lower.T))
 
 
 def _direction_map(q, k, b, mask) -> torch.Tensor:
@@ -213,11 +450,11 @@ def _direction_map(q, k, b, mask) -> torch.Tensor:
 
 # --- triton backend: fla's causal chunk kernels, both directions in one call ---------------------
 def _fla_usable(q: torch.Tensor, log_a: torch.Tensor) -> bool:
-    name = "chunk_simple_gla" if log_a.shape[-1] == 1 else "chunk_gla"
     if not q.is_cuda:
         _warn_no_fla("tensors are not on CUDA")
         return False
-    if fla_kernel(name.removeprefix("chunk_"), name) is None:
+    module = "simple_gla" if log_a.shape[-1] == 1 else "gla"
+    if fla_kernel(module, f"chunk_{module}") is None:
         _warn_no_fla("flash-linear-attention is not installed")
         return False
     return True
@@ -229,17 +466,18 @@ def _warn_no_fla(reason: str) -> None:
 
 
 def _fla_scan(q, keys, v, decays, strict: bool) -> torch.Tensor:
+    """fla's kernels are causal: both directions as one batch, the backward half flipped."""
     qs, ks = stack_directions(q, q), stack_directions(*keys)
     vs, gs = stack_directions(v, v), stack_directions(*decays)
     if strict:
         # o_i = sum_{j<i} ... exp(b_i - b_j): an inclusive scan of keys and values shifted one
-        # token later, the key carrying the step's decay a_{j+1} that the shift skips
+        # token later, each key carrying the step's decay a_{j+1} that the shift skips
         ks = _shift(ks) * gs.exp()
         vs = _shift(vs)
-    scalar = gs.shape[-1] == 1
-    module, name = ("simple_gla", "chunk_simple_gla") if scalar else ("gla", "chunk_gla")
-    kernel = fla_kernel(module, name)
-    g = to_fla(gs).squeeze(-1) if scalar else to_fla(gs)       # [B, T, H] or [B, T, H, K]
+    module = "simple_gla" if gs.shape[-1] == 1 else "gla"
+    kernel = fla_kernel(module, f"chunk_{module}")
+    g = to_fla(gs).squeeze(-1) if module == "simple_gla" else to_fla(gs)   # [B, T, H(, K)]
+    # fla before 0.2 took head-first layouts by default: say ours explicitly where it asks
     extra = {"head_first": False} if "head_first" in inspect.signature(kernel).parameters else {}
     out, _ = kernel(to_fla(qs), to_fla(ks), to_fla(vs), g=g, scale=1.0, **extra)
     forward, backward = split_directions(from_fla(out))
@@ -248,13 +486,17 @@ def _fla_scan(q, keys, v, decays, strict: bool) -> torch.Tensor:
 
 def _shift(t: torch.Tensor) -> torch.Tensor:
     """Tokens moved one later, a zero first: (B, H, N, d)."""
-    return torch.nn.functional.pad(t, (0, 0, 1, 0))[:, :, :-1]
+    return F.pad(t, (0, 0, 1, 0))[:, :, :-1]
 
 
-def chunked_core_flops(tokens: int, dk: int, dv: int) -> float:
-    """Forward FLOPs of both directions of one head on the chunked path: per chunk of C tokens
-    the C x C scores (2 C^2 Dk) and their product with V (2 C^2 Dv); per token the chunk state
-    k^T v and the inter-chunk output q S (2 Dk Dv each). The state recursion and the decays are
-    elementwise."""
+def chunked_core_flops(tokens: int, dk: int, dv: int, scalar: bool = False) -> float:
+    """Forward FLOPs of both directions of one head on the chunked path (multiply-add = 2), per
+    chunk of C tokens: the states W = K^T V (2 C Dk Dv per direction), the inter-chunk outputs
+    P E (2 C Dk Dv per direction), the intra-chunk matrices (per-channel: P K^T per direction,
+    2 C^2 Dk each; scalar: one q k^T, 2 C^2 Dk) and their product with V (2 C^2 Dv, once), and
+    the cumulative log-gates as triangular matmuls (2 C^2 per channel and direction). The state
+    recursion, decays and masks are elementwise."""
     padded = -(-tokens // CHUNK) * CHUNK
-    return 2 * (2.0 * padded * CHUNK * (dk + dv) + 4.0 * padded * dk * dv)
+    channels = 1 if scalar else dk
+    scores = (1 if scalar else 2) * 2.0 * CHUNK * dk
+    return padded * (8.0 * dk * dv + scores + 2.0 * CHUNK * dv + 4.0 * CHUNK * channels)
