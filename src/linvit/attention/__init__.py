@@ -11,10 +11,10 @@ from linvit.attention.base import AttentionOperator
 from linvit.attention.deltanet import DeltaNetAttention
 from linvit.attention.focused import FocusedLinearAttention
 from linvit.attention.gla import GatedLinearAttention
-from linvit.attention.mamba2 import Mamba2Attention
 from linvit.attention.hedgehog import HedgehogAttention
 from linvit.attention.inline import InLineAttention
 from linvit.attention.linear import LinearAttention
+from linvit.attention.mamba2 import Mamba2Attention
 from linvit.attention.softmax import SoftmaxAttention
 from linvit.attention.ttt import TTTAttention
 
