@@ -315,8 +315,11 @@ class _ChannelChunks(torch.autograd.Function):
             d_cum[i].addcmul_(d_kk, kk, value=-1.0)            # d(q e)/db = P, d(k/e)/db = -K
             d_cum[i].select(2, 0 if rev else -1).add_(d_log.squeeze(-1))   # b_last: the total
             d_q = d_p.mul_(e) if d_q is None else d_q.addcmul_(d_p, e)
-            d_ks.append(d_kk.div_(e))
-        d_kf, d_kb = (d_ks[0].add_(d_ks[1]), None) if ctx.same_keys else d_ks
+            if d_ks and ctx.same_keys:                         # one k: both directions' dk
+                d_ks[0].addcdiv_(d_kk, e)
+            else:
+                d_ks.append(d_kk.div_(e))
+        d_kf, d_kb = (d_ks[0], None) if ctx.same_keys else d_ks
         d_log_a = _cumulative(d_cum, ctx.decay_scale, transpose=True)
         return d_q, d_kf, d_kb, d_v, d_log_a, None, None, None
 
