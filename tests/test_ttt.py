@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import Attention
-from torch.utils.flop_counter import FlopCounterMode
 
 from linvit.attention.ttt import TTTAttention
 from linvit.ops.linear_attention import backend
@@ -225,27 +224,3 @@ def test_inner_scale_option_scales_the_map():
     op2.load_state_dict(op.state_dict())
     torch.testing.assert_close(op2.attention_map(q, k), 2 * op.attention_map(q, k))
     assert TTTAttention.inner_scale == pytest.approx(9 ** -0.5)     # ViT^3's s
-
-
-@pytest.mark.parametrize("be", ["reference", "torch"])
-@pytest.mark.parametrize("scale", [0.0, 200.0])
-def test_forward_backward_finite_at_zero_and_large_inputs(be, scale):
-    """Zero inputs: every gradient column is 0 (the normaliser's derivative at 0); large ones:
-    SiLU saturates and the normalised step stays below norm 1."""
-    op = make_op(dtype=torch.float32)
-    x = (scale * torch.randn(B, 50, H * D)).requires_grad_()
-    with backend(be):
-        out, attn_map = op.forward_with_map(x)
-        (out.square().mean() + attn_map.square().mean()).backward()
-    assert torch.isfinite(out).all() and torch.isfinite(attn_map).all()
-    assert torch.isfinite(x.grad).all()
-    for n, p in op.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), n
-
-
-def test_core_flops_counts_the_fast_paths_matmuls():
-    op = make_op(dtype=torch.float32)
-    q, k, v = qkv(50, dtype=torch.float32)
-    with FlopCounterMode(display=False) as counter, backend("torch"):
-        op.global_mix(q, k, v)
-    assert counter.get_total_flops() == B * H * TTTAttention.core_flops(50, D)

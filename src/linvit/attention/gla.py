@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from linvit.attention.base import AttentionOperator
-from linvit.ops.gated_scan import chunked_core_flops, compute_dtype, gated_scan, gated_scan_map
+from linvit.ops.definitions import compute_dtype
+from linvit.ops.gated_scan import chunked_core_flops, gated_scan, gated_scan_map
 
 GATE_NORMALISER = 16.0     # ViG's gate_logit_normalizer
 GATE_BIAS = 4.0            # attention-like at init: a ~ 1 - 1.1e-3 per token

@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from linvit.attention.base import AttentionOperator
-from linvit.ops.gated_scan import chunked_core_flops, compute_dtype, gated_scan, gated_scan_map
+from linvit.ops.definitions import compute_dtype
+from linvit.ops.gated_scan import chunked_core_flops, gated_scan, gated_scan_map
 
 DT_INIT = 1.0 / 196        # one patch's weight in the average over a 14 x 14 grid
 A_INIT = 0.25              # decay exp(-A_INIT) over DT_INIT^-1 tokens

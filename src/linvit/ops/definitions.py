@@ -51,6 +51,12 @@ FEATURES: dict[str, FeatureMap] = {
 }
 
 
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """What the cores compute in: float32 for half precision (sums over thousands of tokens need
+    its bits), float64 kept (the tests compare the paths at float64 precision)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
 def feature(x: torch.Tensor, kind: str) -> torch.Tensor:
     """phi(x) in float32, phi = FEATURES[kind]."""
     return FEATURES[kind].apply(x.float())

@@ -48,6 +48,7 @@ from linvit.ops.bidirectional import (
     stack_directions,
     to_fla,
 )
+from linvit.ops.definitions import compute_dtype
 from linvit.ops.linear_attention import resolve_backend
 
 log = logging.getLogger("linvit")
@@ -59,10 +60,6 @@ MAX_STEP_DECAY = 1.0       # per-channel log-decays are floored at -1 per token 
 EXP_BOUND = 64.0           # e^-b <= e^64 ~ 6e27 within a chunk (float32 overflows past e^88)
 assert CHUNK * MAX_STEP_DECAY <= EXP_BOUND, "chunk too long for the per-channel decay floor"
 
-
-def compute_dtype(t: torch.Tensor) -> torch.dtype:
-    """float32 for half precision (sums over thousands of tokens need its bits), float64 kept."""
-    return torch.promote_types(t.dtype, torch.float32)
 
 
 def floor_decays(log_a: torch.Tensor, decay_scale: float = 1.0) -> torch.Tensor:

@@ -23,13 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from linvit.ops.definitions import compute_dtype
 from linvit.ops.linear_attention import resolve_backend
-
-
-def compute_dtype(t: torch.Tensor) -> torch.dtype:
-    """float32 for half-precision inputs (sums over thousands of tokens need its bits), float64
-    kept (the tests compare the paths at float64 precision)."""
-    return torch.promote_types(t.dtype, torch.float32)
 
 
 def _no_autocast(t: torch.Tensor):
