@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from linvit.attention.deltanet import DeltaNetAttention
 from linvit.ops import delta_rule as dr
 from linvit.ops.bidirectional import fla_kernel
+from linvit.ops.definitions import unit_rows
 from linvit.ops.delta_rule import delta_rule, delta_rule_map
 from linvit.ops.linear_attention import backend, triton_available
 
@@ -256,6 +257,30 @@ def test_at_init_the_output_ignores_query_and_key_lengths():
 
 def test_core_flops_counts_the_chunked_path():
     c, d, n = dr.CHUNK, 64, 4096
-    per_token = 2 * c * c + 16 * c * d + 10 * d * d
+    per_token = 2 * c * c + 20 * c * d + 12 * d * d
     assert DeltaNetAttention.core_flops(n, d) == n * per_token
     assert DeltaNetAttention.reference_max_tokens is not None
+
+
+@pytest.mark.parametrize("gain_shape", [None, (H, 1, 1), (1, H, 1, 1)])
+def test_unit_rows_is_f_normalize_times_the_gain_forward_and_backward(gain_shape):
+    """deltanet's q and k normalisation (ops.definitions.unit_rows, a hand-written backward)
+    against F.normalize times the gain under autograd, and gradcheck."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(B, H, N, D, generator=g, dtype=torch.float64)
+    x[0, 0, 0] = 0.0                                  # a zero row: the eps clamp, as F.normalize
+    # (gradcheck below skips it: at 0 the clamp makes the function not differentiable)
+    gain = None if gain_shape is None else torch.rand(gain_shape, generator=g, dtype=torch.float64)
+    inputs = [x] if gain is None else [x, gain]
+
+    def fast(x, gain=None):
+        return unit_rows(x, gain)
+
+    def slow(x, gain=None):
+        y = F.normalize(x, dim=-1)
+        return y if gain is None else y * gain
+    for (a, b) in zip(with_grads(fast, inputs), with_grads(slow, inputs)):
+        torch.testing.assert_close(a, b)
+    leaves = [t[1:, :, :5].clone().requires_grad_() if t is x else t.clone().requires_grad_()
+              for t in inputs]
+    assert torch.autograd.gradcheck(fast, leaves)

@@ -36,10 +36,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from linvit.attention.base import AttentionOperator
+from linvit.ops.definitions import unit_rows
 from linvit.ops.delta_rule import CHUNK, delta_rule, delta_rule_map
 
 
@@ -70,7 +70,7 @@ class DeltaNetAttention(AttentionOperator):
         beta = torch.sigmoid(self.beta_proj(self.merge_heads(k)))           # (B, N, 2H)
         beta_f, beta_b = beta.transpose(1, 2).unflatten(1, (2, self.num_heads)).unbind(1)
         gain = self.query_scale.to(q.dtype).view(-1, 1, 1)                # (H, 1, 1)
-        return F.normalize(q, dim=-1) * gain, F.normalize(k, dim=-1), beta_f, beta_b
+        return unit_rows(q, gain), unit_rows(k), beta_f, beta_b
 
     def global_mix(self, q, k, v):
         q, k, beta_f, beta_b = self.scan_inputs(q, k)
@@ -81,8 +81,9 @@ class DeltaNetAttention(AttentionOperator):
 
     @classmethod
     def core_flops(cls, tokens, head_dim):
-        """Chunked path, both directions, chunks of C tokens: per direction a C x C triangular
-        inverse per chunk (N C^2), T diag(beta) [K V] and P N (6 N C d), the chunk loop's
-        W S and K^T N (4 N d^2); shared: Q K^T and K K^T (4 N C d) and Q (S_F + S_B) (2 N d^2)."""
+        """Chunked path, chunks of C tokens, both directions run as one scan (so nothing is
+        shared between them): per direction a C x C triangular inverse per chunk (N C^2),
+        K K^T, Q K^T, T diag(beta) [K V] and P N (10 N C d), Q S and the chunk loop's W S and
+        K^T N (6 N d^2)."""
         n, c, d = tokens, CHUNK, head_dim
-        return 2.0 * n * c * c + 16.0 * n * c * d + 10.0 * n * d * d
+        return 2.0 * n * c * c + 20.0 * n * c * d + 12.0 * n * d * d

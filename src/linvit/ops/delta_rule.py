@@ -45,6 +45,7 @@ from linvit.ops.bidirectional import (
     stack_directions,
     to_fla,
 )
+from linvit.ops.definitions import compute_dtype
 from linvit.ops.linear_attention import resolve_backend
 
 log = logging.getLogger("linvit")
@@ -75,10 +76,6 @@ def delta_rule_map(q: torch.Tensor, k: torch.Tensor, beta_forward: torch.Tensor,
     forward = _causal_map(q, k, beta_forward, scale)
     backward = _causal_map(q.flip(2), k.flip(2), beta_backward.flip(2), scale).flip(2, 3)
     return (forward + backward) / 2
-
-
-def compute_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def _causal_map(q, k, beta, scale):
@@ -148,135 +145,155 @@ def _chunked(q, k, v, beta_forward, beta_backward, scale):
     chunk = CHUNK                   # read at call time, so the tests can vary it
     n = -(-N // chunk)
     dtype = compute_dtype(q)
+    stack, merge = _direction_indices(B * H, n, chunk, q.device)
 
-    def chunks(t):                  # (B, H, N, d) -> (n, B*H, C, d), zero-padded to n*C tokens
+    def padded(t):                  # zero-padded to n*C tokens: k = 0 and beta = 0 write nothing
         t = t.to(dtype)
-        if n * chunk != N:          # padding: k = 0 and beta = 0 write nothing in either scan
-            t = F.pad(t, (0, 0, 0, n * chunk - N))
-        return t.reshape(B * H, n, chunk, t.shape[-1]).transpose(0, 1).contiguous()
+        return t if n * chunk == N else F.pad(t, (0, 0, 0, n * chunk - N))
 
-    out = _ChunkedDeltaRule.apply(chunks(q), chunks(k), chunks(v), chunks(beta_forward[..., None]),
-                                  chunks(beta_backward[..., None]), scale / 2)
-    out = out.transpose(0, 1).reshape(B, H, n * chunk, -1)[:, :, :N]
-    return out.to(v.dtype)
+    def both(t):                    # (B, H, N, d) -> (n, 2BH, C, d): both scans' chunks
+        rows = padded(t).reshape(-1, t.shape[-1])
+        return _Reindex.apply(rows, stack, merge).view(n, 2 * B * H, chunk, -1)
+
+    betas = padded(torch.stack((beta_forward, beta_backward), dim=-1)).reshape(B * H, n, chunk, 2)
+    betas = torch.cat((betas[..., 0], betas[..., 1].flip(1, 2))).transpose(0, 1)[..., None]
+    out = _ChunkedDeltaRule.apply(both(q * (scale / 2)), both(k), both(v), betas.contiguous())
+    out = _Reindex.apply(out.flatten(0, 2), merge, stack)          # o_F + o_B in token rows
+    return out.view(B, H, n * chunk, -1)[:, :, :N].to(v.dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _direction_indices(heads, n, chunk, device):
+    """Row indices between token rows (heads * n*C, d) and both scans' chunks (n, 2 heads, C, d),
+    the second `heads` of them on the reversed sequence: `stack` gathers the chunks' rows, and
+    `merge` (2, heads * n*C) the two rows of each token, forward then backward, to be summed."""
+    tokens = torch.arange(n * chunk, device=device).view(n, 1, chunk)
+    first = torch.arange(heads, device=device).view(1, heads, 1) * (n * chunk)
+    stack = torch.cat((first + tokens, first + (n * chunk - 1 - tokens)), dim=1).flatten()
+    merge = torch.empty(2, heads * n * chunk, dtype=torch.long, device=device)
+    slots = torch.arange(stack.numel(), device=device).view(n, 2, -1)
+    for half in range(2):
+        merge[half, stack.view(n, 2, -1)[:, half].flatten()] = slots[:, half].flatten()
+    return stack[None], merge
+
+
+class _Reindex(torch.autograd.Function):
+    """out[r] = sum_i x[index[i, r]] over rows; the backward pass is the same with `adjoint`, the
+    index of the transposed map (stacking both scans' copies of a token <-> summing them)."""
+
+    @staticmethod
+    def forward(ctx, x, index, adjoint):
+        ctx.adjoint = adjoint
+        return _gather_rows(x, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_rows(grad, ctx.adjoint), None, None
+
+
+def _gather_rows(x, index):
+    out = x.index_select(0, index[0])
+    for more in index[1:]:
+        out.add_(x.index_select(0, more))
+    return out
 
 
 class _ChunkedDeltaRule(torch.autograd.Function):
-    """Both scan directions on chunk-major tensors: q, k (n, G, C, Dk), v (n, G, C, Dv),
-    betas (n, G, C, 1), G = B*H. Returns factor * (o_F + o_B), (n, G, C, Dv).
+    """One causal scan, chunked: q, k (n, G, C, Dk), v (n, G, C, Dv), beta (n, G, C, 1) chunk-major,
+    G independent heads (here both directions of B*H heads). Returns Q S_in + P N, (n, G, C, Dv).
 
-    The backward pass, per direction (Z = T^T dN, dN the values' gradient after the loop):
-      dV = beta Z,  dK += N G_out^T - beta (Z S_in^T) - (X + X^T) K,  X = diag(beta) tri(Z N^T),
-      dbeta = Z.V - K.(Z S_in^T) - rowsum(tri(Z N^T) * K K^T)
-    where G_out is the gradient of the state leaving each chunk (a loop over chunks, last first),
-    plus the terms of the outputs Q S_in + P N that both directions share.
+    The backward pass (Z = T^T dN, dN the values' gradient after the loop over chunks):
+      dV = beta Z,  dK = N G_out^T - beta (Z S_in^T) - (X + X^T) K + dP^T Q,
+      X = diag(beta) tril(Z N^T, -1),  dQ = dO S_in^T + dP K,  dP = tril(dO N^T),
+      dbeta = Z.V - K.(Z S_in^T) - rowsum(tril(Z N^T, -1) * K K^T)
+    where G_out is the gradient of the state leaving each chunk (a loop over chunks, last first).
     """
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)   # float32 under autocast
-    def forward(ctx, q, k, v, beta_f, beta_b, factor):
-        qk, kk = q @ k.mT, k @ k.mT                        # (n, G, C, C), shared by both scans
-        out, saved = None, []
-        for beta, rev in ((beta_f, False), (beta_b, True)):
-            t, w, u = _wy(kk, k, v, beta, rev)
-            states, new = _scan(w, u, k, rev)
-            p = _triangle(qk, rev, strict=False)            # what each query sees in its chunk
-            out = _matmul_add(out, p, new)
-            saved += [beta, t, w, states, new, p]
-        states_sum = saved[3] + saved[9]                    # S_F + S_B entering each chunk
-        out = _matmul_add(out, q, states_sum).mul_(factor)
-        ctx.save_for_backward(q, k, v, kk, states_sum, *saved)
-        ctx.factor = factor
+    def forward(ctx, q, k, v, beta):
+        lower = (k @ k.mT).tril_(-1)                        # K K^T below the diagonal
+        t, w, u = _wy(lower, k, v, beta)
+        p = (q @ k.mT).tril_()                              # what each query sees in its chunk
+        out = torch.empty_like(v)
+        states, new = _scan(w, u, k, q, out)                # out = Q S_in
+        _matmul_add(out, p, new)
+        ctx.save_for_backward(q, k, v, beta, lower, t, w, states, new, p)
         return out
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
-    def backward(ctx, grad):
-        q, k, v, kk, states_sum, *saved = ctx.saved_tensors
-        do = grad * ctx.factor
-        dq = do @ states_sum.mT
-        qdo = q.mT @ do                                     # dL/dS_in from the outputs
-        dqk = dk = dv = sym = None
-        dbetas = []
-        for j, rev in enumerate((False, True)):
-            beta, t, w, states, new, p = saved[6 * j:6 * j + 6]
-            dp = _triangle_(do @ new.mT, rev, strict=False)
-            dqk = dp if dqk is None else dqk.add_(dp)
-            dnew = p.mT @ do
-            g_out = _scan_grad(k, w, qdo, dnew, rev)        # completes dnew in place
-            dk = _matmul_add(dk, new, g_out.mT)
-            z = t.mT @ dnew                                 # (n, G, C, Dv)
-            zn = _triangle_(z @ new.mT, rev, strict=True)   # -(gradient of L), its free part
-            zs = z @ states.mT
-            dbetas.append(_dot(z, v) - _dot(k, zs) - _dot(zn, kk))
-            dv = z.mul_(beta) if dv is None else dv.addcmul_(z, beta)
-            dk.addcmul_(zs, beta, value=-1)
-            x = zn.mul_(beta)                               # strictly lower (F) or upper (B)
-            sym = x if sym is None else sym.add_(x.mT)      # X_F + X_B^T, strictly lower
-        dq = _matmul_add(dq, dqk, k)
-        dk = _matmul_add(dk, dqk.mT, q)
-        dk = _matmul_add(dk, sym + sym.mT, k, alpha=-1)
-        return dq, dk, dv, dbetas[0], dbetas[1], None
+    def backward(ctx, do):
+        q, k, v, beta, lower, t, w, states, new, p = ctx.saved_tensors
+        dp = (do @ new.mT).tril_()
+        dnew = p.mT @ do
+        dk = _scan_grad(k, w, q, do, new, dnew)             # N G_out^T; completes dnew
+        z = t.mT @ dnew                                     # (n, G, C, Dv)
+        zn = (z @ new.mT).tril_(-1)                         # -(gradient of L), its free part
+        zs = _bmm(z, states.mT, dnew)                   # dnew is spent: reuse its memory
+        dbeta = _dot(z, v) - _dot(k, zs) - _dot(zn, lower)
+        dk.addcmul_(zs, beta, value=-1)
+        x = zn.mul_(beta)
+        _matmul_add(dk, x + x.mT, k, alpha=-1)
+        _matmul_add(dk, dp.mT, q)
+        dq = _matmul_add(_bmm(do, states.mT, zs), dp, k)
+        return dq, dk, z.mul_(beta), dbeta
 
 
-def _wy(kk, k, v, beta, rev):
-    """T = (I + tri(diag(beta) K K^T))^-1 per chunk, W = T diag(beta) K, U = T diag(beta) V."""
-    a = _triangle(kk, rev, strict=True).mul_(beta)
+def _wy(lower, k, v, beta):
+    """T = (I + diag(beta) tril(K K^T, -1))^-1 per chunk, W = T diag(beta) K, U = T diag(beta) V."""
+    a = lower * beta
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand_as(a)
-    t = torch.linalg.solve_triangular(a, eye, upper=rev, unitriangular=True)   # I implied in a
-    tb = t * beta.mT
+    t = torch.linalg.solve_triangular(a, eye, upper=False, unitriangular=True)  # I implied in a
+    tb = torch.mul(t, beta.mT, out=a)
     return t, tb @ k, tb @ v
 
 
-def _scan(w, u, k, rev):
-    """The states entering each chunk (n, G, Dk, Dv) and the chunk's values N = U - W S_in,
-    written over u (n, G, C, Dv), which nothing needs afterwards.
-
-    Slot i of `states` enters chunk i of a forward scan and leaves chunk i of a reverse one."""
+def _scan(w, u, k, q, out):
+    """The loop over chunks: the states entering each chunk (n, G, Dk, Dv), the chunk's values
+    N = U - W S_in, written over u (n, G, C, Dv), which nothing needs afterwards, and Q S_in,
+    written into out while the state is in cache."""
     n = u.shape[0]
-    states = u.new_empty(n + 1, u.shape[1], k.shape[-1], u.shape[-1])
-    into, out_of = (1, 0) if rev else (0, 1)
-    states[n if rev else 0].zero_()
-    ws, news, ks = w.unbind(0), u.unbind(0), k.unbind(0)
-    for i in range(n - 1, -1, -1) if rev else range(n):
-        s = states[i + into]
-        news[i].baddbmm_(ws[i], s, alpha=-1)
-        torch.baddbmm(s, ks[i].mT, news[i], out=states[i + out_of])
-    return (states[1:] if rev else states[:n]), u
+    states = u.new_empty(n, u.shape[1], k.shape[-1], u.shape[-1])
+    states[0].zero_()
+    s = states.unbind(0)
+    for i, (w_i, u_i, k_i, q_i, o_i) in enumerate(zip(w, u, k, q, out)):
+        u_i.baddbmm_(w_i, s[i], alpha=-1)                  # N = U - W S_in
+        torch.bmm(q_i, s[i], out=o_i)
+        if i + 1 < n:                                       # the last state reaches no output
+            torch.baddbmm(s[i], k_i.mT, u_i, out=s[i + 1])
+    return states, u
 
 
-def _scan_grad(k, w, qdo, dnew, rev):
-    """The loop of `_scan` backwards: adds K G_out to `dnew` (in place) and returns G_out, the
-    gradient of the state leaving each chunk; G_in = G_out + Q^T dO - W^T dN."""
-    n = dnew.shape[0]
-    grads = qdo.new_empty(n + 1, *qdo.shape[1:])
-    into, out_of = (1, 0) if rev else (0, 1)
-    grads[0 if rev else n].zero_()                          # the last state reaches no output
-    ws, ks, qdos, dnews = w.unbind(0), k.unbind(0), qdo.unbind(0), dnew.unbind(0)
-    for i in range(n) if rev else range(n - 1, -1, -1):
-        g = grads[i + out_of]
-        dnews[i].baddbmm_(ks[i], g)
-        torch.baddbmm(g, ws[i].mT, dnews[i], alpha=-1, out=grads[i + into]).add_(qdos[i])
-    return grads[:n] if rev else grads[1:]
+def _scan_grad(k, w, q, do, new, dnew):
+    """The loop of `_scan` backwards, last chunk first, with G the gradient of the state leaving
+    the chunk (kept in cache, never stored): dN += K G, returns N G^T (n, G, C, Dk) per chunk;
+    then G becomes the gradient of the state entering it, G + Q^T dO - W^T dN."""
+    g = dnew.new_zeros(dnew.shape[1], k.shape[-1], dnew.shape[-1])
+    dk = torch.empty_like(k)
+    steps = list(zip(k, w, q, do, new, dnew, dk))
+    for k_i, w_i, q_i, do_i, n_i, dn_i, dk_i in reversed(steps):
+        dn_i.baddbmm_(k_i, g)
+        torch.bmm(n_i, g.mT, out=dk_i)
+        g.baddbmm_(q_i.mT, do_i).baddbmm_(w_i.mT, dn_i, alpha=-1)
+    return dk
 
 
-def _triangle(x, rev, strict):
-    """The part of a chunk's (C, C) matrix a scan sees: lower (forward) or upper (reverse)."""
-    return x.triu(int(strict)) if rev else x.tril(-int(strict))
-
-
-def _triangle_(x, rev, strict):
-    return x.triu_(int(strict)) if rev else x.tril_(-int(strict))
+def _bmm(a, b, spent):
+    """a @ b over the (n, G) batch, written into `spent`, a buffer nothing needs any more, when it
+    has the result's shape: fresh memory costs page faults that cost as much as the product."""
+    shape = (*a.shape[:-1], b.shape[-1])
+    out = spent if spent.shape == shape else a.new_empty(shape)
+    torch.bmm(a.flatten(0, 1), b.flatten(0, 1), out=out.flatten(0, 1))
+    return out
 
 
 def _matmul_add(acc, a, b, alpha: float = 1.0):
-    """acc + alpha a @ b over the (n, G) batch, accumulated in place (acc None: a new a @ b)."""
-    if acc is None:
-        return a @ b if alpha == 1.0 else alpha * (a @ b)
+    """acc + alpha a @ b over the (n, G) batch, accumulated in place."""
     acc.flatten(0, 1).baddbmm_(a.flatten(0, 1), b.flatten(0, 1), alpha=alpha)
     return acc
 
 
 def _dot(a, b):
     """Row-wise dot products (..., C, d), (..., C, d) -> (..., C, 1)."""
-    return torch.einsum("...cd,...cd->...c", a, b).unsqueeze(-1)
+    return torch.linalg.vecdot(a, b).unsqueeze(-1)         # einsum: a (1 x d)(d x 1) bmm per row
