@@ -34,6 +34,14 @@ STAGES = {
                       "linvit.transfer.config:FinetuneConfig"),
     "evaluate": Stage("evaluate a checkpoint on a dataset's test split",
                       "linvit.train.stages:run_evaluate", "linvit.train.config:EvaluateConfig"),
+    "corrupt": Stage("a test split's fixed subset and its ImageNet-C-style corrupted copies "
+                     "(imagecorruptions), shared by a grid's robustness runs",
+                     "linvit.robustness.stages:run_corrupt",
+                     "linvit.robustness.config:CorruptConfig"),
+    "robustness": Stage("score a checkpoint on the clean test split, its corrupted copies and "
+                        "ImageNet shift sets (A, R, Sketch, V2)",
+                        "linvit.robustness.stages:run_robustness",
+                        "linvit.robustness.config:RobustnessConfig"),
     "make-scenes": Stage("compose the embedded dense dataset from Fashion-MNIST sprites",
                          "linvit.dense.scenes:run_make_scenes", "linvit.dense.config:ScenesConfig"),
     "segment": Stage("UperNet semantic segmentation (mmseg) on a linvit backbone",

@@ -51,6 +51,8 @@ STAGE_FILES = {
                  ("checkpoint.safetensors", "init_metrics.json")),
     "init": (("model.safetensors", "copied.json"), ("init_metrics.json",)),
     "evaluate": ((), ()),
+    "corrupt": (("corrupted.safetensors",), ()),
+    "robustness": ((), ()),
     "import-teacher": (("model.safetensors",), ()),
     "attention-maps": (("maps.safetensors",), ()),
     "make-scenes": (("MANIFEST.json", "images", "annotations", "coco"), ()),

@@ -19,14 +19,9 @@ log = logging.getLogger("linvit")
 
 
 def make_loaders(data_cfg, rt: Runtime):
-    ds = get_dataset(data_cfg.dataset)
-    info = ds.info(data_cfg.root, data_cfg.img_size)
-    common = dict(seed=rt.seed, rank=rt.rank, world=rt.world, img_size=data_cfg.img_size,
-                  workers=data_cfg.workers)
-    train = ds.loader(data_cfg.root, "train", batch_size=data_cfg.batch_size, train=True,
-                      subset=data_cfg.train_subset, **common)
-    test = ds.loader(data_cfg.root, "test", batch_size=data_cfg.eval_batch_size, train=False,
-                     subset=data_cfg.test_subset, **common)
+    info = get_dataset(data_cfg.dataset).info(data_cfg.root, data_cfg.img_size)
+    train = _loader(data_cfg, rt, "train")
+    test = _loader(data_cfg, rt, "test")
     if len(train) == 0 or len(test) == 0:
         raise ConfigError(f"data: {data_cfg.dataset} gives {len(train)} training batches of "
                           f"{data_cfg.batch_size} and {len(test)} test batches; use a smaller "
@@ -34,6 +29,30 @@ def make_loaders(data_cfg, rt: Runtime):
     train.summary = test.summary = (f"data {data_cfg.dataset}: {train.num_samples} train / "
                                     f"{test.num_samples} test samples, {info.num_classes} classes")
     return info, train, test
+
+
+def make_test_loader(data_cfg, rt: Runtime):
+    """The test split's loader alone (evaluation stages)."""
+    test = _loader(data_cfg, rt, "test")
+    test.summary = f"data {data_cfg.dataset}: {test.num_samples} test samples"
+    return test
+
+
+def _loader(data_cfg, rt: Runtime, split: str):
+    train = split == "train"
+    return get_dataset(data_cfg.dataset).loader(
+        data_cfg.root, split, train=train, seed=rt.seed, rank=rt.rank, world=rt.world,
+        img_size=data_cfg.img_size, workers=data_cfg.workers,
+        batch_size=data_cfg.batch_size if train else data_cfg.eval_batch_size,
+        subset=data_cfg.train_subset if train else data_cfg.test_subset)
+
+
+def check_model_fits(spec, info, dataset: str) -> None:
+    """A loaded model takes this dataset's images and classes, checked before any compute."""
+    if (spec.num_classes, spec.img_size) != (info.num_classes, info.img_size):
+        raise ConfigError(f"checkpoint: its model takes {spec.img_size} px images of "
+                          f"{spec.num_classes} classes, dataset {dataset!r} has "
+                          f"{info.img_size} px images of {info.num_classes} classes")
 
 
 def evaluate_init(model: nn.Module, loader, rt: Runtime, run: RunDir, num_classes: int,

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import logging
 
-from linvit.config import ConfigError
+from linvit.data import get_dataset
 from linvit.models import ModelSpec, create_vit, load_model, save_model
 from linvit.runs.stage import completed_metrics, prepare_run, start_run
-from linvit.train.common import finish_training, make_loaders
+from linvit.train.common import check_model_fits, finish_training, make_loaders, make_test_loader
 from linvit.train.config import EvaluateConfig, ImportConfig, PretrainConfig
 from linvit.train.loop import evaluate
 from linvit.train.objectives import ClassificationObjective
@@ -39,13 +39,11 @@ def run_evaluate(cfg: EvaluateConfig, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "evaluate", replace)
     if run.finished:
         return completed_metrics(run)
-    info, _, test_loader = make_loaders(cfg.data, rt)
+    info = get_dataset(cfg.data.dataset).info(cfg.data.root, cfg.data.img_size)
     model = load_model(cfg.checkpoint).to(rt.device)
     spec = model.spec
-    if (spec.num_classes, spec.img_size) != (info.num_classes, info.img_size):
-        raise ConfigError(f"checkpoint: its model takes {spec.img_size} px images of "
-                          f"{spec.num_classes} classes, dataset {cfg.data.dataset!r} has "
-                          f"{info.img_size} px images of {info.num_classes} classes")
+    check_model_fits(spec, info, cfg.data.dataset)
+    test_loader = make_test_loader(cfg.data, rt)
     run.open(test_loader.summary)
     metrics = evaluate(model, test_loader, rt, info.num_classes)
     return run.finish({**metrics, "checkpoint": cfg.checkpoint, "spec": spec.as_dict()})
@@ -53,7 +51,6 @@ def run_evaluate(cfg: EvaluateConfig, out, replace: bool = False) -> dict:
 
 def run_import(cfg: ImportConfig, out, replace: bool = False) -> dict:
     """Turn timm weights (a local file, or timm's pretrained loader) into a linvit teacher."""
-    from linvit.data import get_dataset
     from linvit.models.checkpoint import import_timm_weights
 
     run = prepare_run(cfg, out, "import-teacher", replace)

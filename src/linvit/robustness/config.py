@@ -1,0 +1,63 @@
+"""Configs of `linvit corrupt` (a corrupted copy of a test split) and `linvit robustness` (a model
+scored on the clean split, its corrupted copy and ImageNet shift sets)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from linvit.config import (
+    MAX_SEED,
+    ConfigError,
+    DataCfg,
+    RunCfg,
+    existing_file,
+    in_range,
+    one_of,
+    positive,
+    required_file,
+)
+from linvit.robustness.corruptions import COMMON, LIBRARY_CORRUPTIONS, SEVERITIES
+from linvit.robustness.shifts import SHIFTS
+
+
+@dataclass
+class CorruptionsCfg:
+    names: list[str] = field(default_factory=lambda: list(COMMON))
+    severities: list[int] = field(default_factory=lambda: list(SEVERITIES))
+    samples: int | None = 1000        # a fixed random subset of the test split; None: all of it
+    seed: int = 0                     # of the corruptions' random draws
+
+    def validate(self, p: str) -> None:
+        for key, values, allowed in (("names", self.names, LIBRARY_CORRUPTIONS),
+                                     ("severities", self.severities, SEVERITIES)):
+            if not values:
+                raise ConfigError(f"{p}.{key}: empty")
+            if len(set(values)) != len(values):
+                raise ConfigError(f"{p}.{key}: {values} names an entry twice")
+            for i, v in enumerate(values):
+                one_of(f"{p}.{key}[{i}]", v, allowed)
+        positive(f"{p}.samples", self.samples)
+        in_range(f"{p}.seed", self.seed, 0, MAX_SEED)
+
+
+@dataclass
+class CorruptConfig:
+    data: DataCfg = field(default_factory=DataCfg)
+    corruptions: CorruptionsCfg = field(default_factory=CorruptionsCfg)
+
+
+@dataclass
+class RobustnessConfig:
+    checkpoint: str | None = None
+    data: DataCfg = field(default_factory=DataCfg)    # the clean test split
+    corrupted: str | None = None      # a `linvit corrupt` run's corrupted.safetensors, or none
+    shifts: dict[str, str] = field(default_factory=dict)   # shift set -> its folder
+    run: RunCfg = field(default_factory=RunCfg)
+
+    def validate(self, p: str) -> None:
+        required_file("checkpoint", self.checkpoint)
+        existing_file("corrupted", self.corrupted)
+        for name, root in self.shifts.items():
+            one_of(f"shifts.{name}", name, SHIFTS)
+            if not Path(root).is_dir():
+                raise ConfigError(f"shifts.{name}: folder not found: {root}")
