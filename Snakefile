@@ -36,6 +36,7 @@ include: "workflow/rules/transfer.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/dense.smk"
 include: "workflow/rules/bench.smk"
+include: "workflow/rules/robustness.smk"
 
 
 rule all:

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from linvit import cli
-from linvit.data import get_dataset
+from linvit.data import DatasetNotFound, get_dataset
 from linvit.data.loaders import TorchLoader
 from linvit.io import read_json
 from linvit.models import save_model
@@ -198,11 +198,58 @@ def test_corrupt_config_errors_name_the_field(tmp_path, override, message, capsy
     assert message in capsys.readouterr().err
 
 
-def test_shift_folders_and_model_classes_are_checked_before_compute(tmp_path, mnist_root,
+def test_shift_names_folders_and_model_classes_are_checked_before_compute(tmp_path, mnist_root,
                                                                     checkpoint, capsys):
     args = ["robustness", "-o", str(tmp_path / "r"), f"data.root={mnist_root}",
             f"checkpoint={checkpoint}"]
-    assert cli.main([*args, f"shifts={{imagenet_a: {tmp_path}/missing}}"]) == 2
-    assert "folder not found" in capsys.readouterr().err
     assert cli.main([*args, f"shifts={{imagenet_v2: {tmp_path}}}"]) == 2
     assert "1000-class" in capsys.readouterr().err
+    assert cli.main([*args, f"shifts={{imagenet_c: {tmp_path}}}"]) == 2
+    assert "imagenet_c" in capsys.readouterr().err
+    assert not (tmp_path / "r" / "metrics.json").exists()
+    with pytest.raises(DatasetNotFound, match="folder not found"):
+        SHIFTS["imagenet_a"].samples(tmp_path / "missing")
+
+
+# --- the report step -----------------------------------------------------------------------------
+def robustness_record(key, status="ok", clean=80.0, subset=82.0, sets=None, shifts=None):
+    sets = sets or {"contrast": {"1": 70.0, "5": 40.0}, "gaussian_noise": {"1": 60.0, "5": 30.0}}
+    metrics = {"top1": clean, "corruptions": {"clean": subset, "sets": sets, "samples": 40,
+                                              "mean": float(np.mean([v for s in sets.values()
+                                                                     for v in s.values()]))}}
+    if shifts:
+        metrics["shifts"] = shifts
+    return {"kind": "robustness", "key": key, "status": status,
+            "metrics": metrics if status == "ok" else None}
+
+
+def test_report_table_has_the_teacher_first_differences_to_it_and_missing_cells(tmp_path):
+    from linvit.report.robustness import write_robustness
+    cell = {"dataset": "d", "size": "s", "operator": "linear", "init": "random", "loss": "none"}
+    cells = [{**cell, "seed": 0}, {**cell, "seed": 1}, {**cell, "init": "copy_mlp", "seed": 0}]
+    records = [
+        robustness_record({"dataset": "d", "size": "s", "operator": "softmax",
+                           "init": "teacher"}, shifts={"imagenet_a": 5.0}),
+        robustness_record(cells[0], sets={"contrast": {"1": 50.0, "5": 20.0},
+                                          "gaussian_noise": {"1": 40.0, "5": 10.0}}),
+        robustness_record(cells[1], sets={"contrast": {"1": 52.0, "5": 22.0},
+                                          "gaussian_noise": {"1": 42.0, "5": 12.0}})]
+    grid = {"cells": cells, "main_loss": "out",
+            "orders": {"init": ["random", "copy_mlp"], "operator": ["linear", "softmax"],
+                       "loss": ["none", "out"]}}
+    table = write_robustness(records, grid, tmp_path, tmp_path, tmp_path / "robustness.md")
+    rows = {idx[-1]: row for idx, row in zip(table.index, table.to_dict("records"))}
+    assert list(rows) == ["softmax teacher", "linear random", "linear copy_mlp"]
+    teacher, student = rows["softmax teacher"], rows["linear random"]
+    assert teacher["corruptions"] == "50.00" and teacher["vs teacher"] == "0.00"
+    assert student["corruptions"].startswith("31.00 ± ")            # two seeds: 30 and 32
+    assert student["vs teacher"].startswith("-19.00 ± ")
+    kept = 100 * 30.0 / 82.0, 100 * 32.0 / 82.0
+    assert student["kept %"].startswith(f"{np.mean(kept):.2f}")
+    assert rows["linear copy_mlp"]["clean"] == "missing"
+    assert teacher["ImageNet-A"] == "5.00" and student["ImageNet-A"] == "missing"
+    section = (tmp_path / "robustness.md").read_text()
+    assert "ImageNet-C-style" in section and "2 types x 2 severities" in section
+    assert (tmp_path / "robustness.png").stat().st_size > 0
+    for ext in ("csv", "md", "tex"):
+        assert (tmp_path / f"robustness.{ext}").is_file()

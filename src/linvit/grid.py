@@ -288,6 +288,13 @@ def job_arguments(config: dict, existing_file: str) -> list[tuple[str, str, str]
                  for j in dense_jobs(config, cells)]
     if config.get("bench"):
         jobs.append(("bench", "bench", bench_args(config, "x")))
+    if robustness_section(config):
+        jobs += [("robustness.corruptions", corrupt_dir("", d), corrupt_args(config, d, "x"))
+                 for d in corrupt_datasets(config)]
+        corrupted = x if corrupt_datasets(config) else None
+        jobs += [("robustness", robustness_dir("", d, s, c), robustness_args(config, d, x,
+                                                                           corrupted, "x"))
+                 for d, s, c in robustness_targets(cells)]
     return [(field, where.lstrip("/"), args) for field, where, args in jobs]
 
 
@@ -405,3 +412,41 @@ def dense_args(config: dict, job: DenseJob, checkpoint: str, scenes: str, out_di
                   {"checkpoint": checkpoint,
                    "pretrain_dataset": config["datasets"][job.dataset]["dataset"]})
     return _command(job.task, out_dir, tree)
+
+
+# --- robustness: corrupted copies made once per dataset, every teacher and cell scored ---------
+def robustness_section(config: dict) -> dict:
+    """The config's `robustness` section ({} when absent or null: no robustness jobs)."""
+    return config.get("robustness") or {}
+
+
+def corrupt_datasets(config: dict) -> list[str]:
+    return list(config["datasets"]) if robustness_section(config).get("corruptions") else []
+
+
+def robustness_targets(cells: list[Cell]) -> list[tuple[str, str, Cell | None]]:
+    """(dataset, size, cell) of every model scored: each teacher (cell None), then each cell."""
+    return [(d, s, None) for d, s in teachers(cells)] + [(c.dataset, c.size, c) for c in cells]
+
+
+def corrupt_dir(results: str, dataset: str) -> str:
+    return f"{results}/robustness/corrupted/{dataset}"
+
+
+def robustness_dir(results: str, dataset: str, size: str, cell: Cell | None = None) -> str:
+    """A cell's robustness run, or its teacher's (cell None)."""
+    if cell is None:
+        return f"{results}/robustness/teachers/{dataset}/{size}"
+    return f"{results}/robustness/{cell_dir('cells', cell)}"
+
+
+def corrupt_args(config: dict, dataset: str, out_dir: str) -> str:
+    tree = {**_data(config, dataset), "corruptions": robustness_section(config)["corruptions"]}
+    return _command("corrupt", out_dir, tree)
+
+
+def robustness_args(config: dict, dataset: str, checkpoint: str, corrupted: str | None,
+                    out_dir: str) -> str:
+    tree = {**_data(config, dataset), "checkpoint": checkpoint, "corrupted": corrupted,
+            "shifts": robustness_section(config).get("shifts") or {}}
+    return _command("robustness", out_dir, tree)

@@ -16,6 +16,7 @@ from linvit.render.tables import summarize, to_latex, to_markdown
 from linvit.report.collect import results_frame
 from linvit.report.document import claims_table
 from linvit.report.tables import format_cell, main_table
+from linvit.robustness.shifts import SHIFTS
 from linvit.transfer.config import FinetuneConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,9 +130,9 @@ def test_schema_repeats_the_grid_rules():
 
 
 def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
-    """Each teacher, distillation, cell, attention-maps job, dense job and the benchmark is built
-    into its stage's config, so an override that only some jobs reject is found before any job
-    runs."""
+    """Each teacher, distillation, cell, attention-maps job, dense job, the benchmark, the
+    corrupted copy and every robustness job is built into its stage's config, so an override
+    that only some jobs reject is found before any job runs."""
     import linvit.config
     config = default_config()
     built, load = [], linvit.config.load_config
@@ -145,7 +146,9 @@ def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
                       "DistillConfig": len(grid.distillations(cells)),
                       "FinetuneConfig": len(cells),
                       "ScenesConfig": 1, "DenseConfig": len(grid.dense_jobs(config, cells)),
-                      "BenchConfig": 1, "MapsConfig": len(grid.attention_models(config, cells))}
+                      "BenchConfig": 1, "MapsConfig": len(grid.attention_models(config, cells)),
+                      "CorruptConfig": len(config["datasets"]),
+                      "RobustnessConfig": len(grid.teachers(cells)) + len(cells)}
     seeds = {o for _, overrides in built for o in overrides if o.startswith("init.strategy=")}
     assert len(seeds) == len(config["strategies"])
     # an operator option that suits one operator of the grid is fine when only it gets it
@@ -161,9 +164,13 @@ def test_check_config_covers_the_paper_grid():
     cells = grid.expand_grid(config)
     maps = grid.attention_models(config, cells)
     assert maps[0] == grid.MAPS_TEACHER and len(maps) == 1 + len(config["operators"])
+    robustness = len(config["datasets"]) + len(grid.teachers(cells)) + len(cells)
     assert len(jobs) == (len(grid.teachers(cells)) + len(grid.distillations(cells)) + len(cells)
-                         + len(maps) + 1)
-    assert {field for field, _, _ in jobs} >= {"teachers.deit_t", "stages.finetune", "bench"}
+                         + len(maps) + 1 + robustness)
+    assert {field for field, _, _ in jobs} >= {"teachers.deit_t", "stages.finetune", "bench",
+                                                 "robustness.corruptions", "robustness"}
+    shifts = {o for _, _, args in jobs for o in shlex.split(args) if o.startswith("shifts.")}
+    assert {o.split("=")[0] for o in shifts} == {f"shifts.{name}" for name in SHIFTS}
     grid.check_config(config, str(ROOT / "Snakefile"))
 
 

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import psutil
 import pytest
 import yaml
@@ -59,6 +60,8 @@ TINY = {
                        "optim": {"epochs": 1, "warmup_epochs": 0}, "run": {"progress": False}}
                for stage in ("teacher", "distill", "finetune")},
     "figures": {"attention_layers": [0, -1], "attention_images": 1},
+    "robustness": {"corruptions": {"names": ["contrast", "gaussian_noise"], "severities": [1, 5],
+                                   "samples": 32}},
     "bench": {"operators": ["softmax", "linear"], "tokens": [16, 64], "softmax_max_tokens": 64,
               "min_run_time": 0.01, "goal_tokens": 64,
               "models": {"sizes": ["deit_t"], "resolutions": [32], "min_run_time": 0.01}},
@@ -103,11 +106,14 @@ def test_paper_dag_has_the_full_grid(tmp_path):
     sub_cells = sizes * len(sub["operators"]) * len(sub["strategies"]) * len(sub["losses"]) * seeds
     cells = sizes * ops * len(paper["strategies"]) * seeds + sizes * seeds + sub_cells
     distills = sizes * ops + sizes * len(sub["operators"]) * len(sub["losses"])
-    # grid_document, collect, tables, figures, attention_figure, bench, report, all
-    report_jobs = 8
+    # grid_document, collect, tables, figures, attention_figure, bench, report, all,
+    # robustness_report
+    report_jobs = 9
     maps_jobs = 1 + ops   # the first teacher's attention maps and its students' (main loss)
+    robustness_jobs = len(paper["datasets"]) + sizes + cells     # corrupt, teachers, cells
     total = int(re.search(r"^total\s+(\d+)$", run.stdout, re.M).group(1))
-    assert total == sizes + distills + cells + report_jobs + maps_jobs
+    assert total == sizes + distills + cells + report_jobs + maps_jobs + robustness_jobs
+    assert re.search(rf"^robustness_cell\s+{cells}$", run.stdout, re.M)
     assert re.search(rf"^attention_maps\s+{maps_jobs}$", run.stdout, re.M)
     assert re.search(rf"^finetune\s+{cells}$", run.stdout, re.M)
 
@@ -226,10 +232,15 @@ def test_tiny_grid_runs_end_to_end_and_then_has_nothing_to_do(project):
     report = (results / "report.md").read_text()
     assert "## Main table" in report and "## The paper's claims on this grid" in report
     assert "## Operator benchmark" in report and "linear/torch vs softmax at N=64" in report
-    for name in ("main", "loss_design", "by_dataset", "by_size"):
+    assert "## Robustness" in report and "ImageNet-C-style" in report
+    robust = pd.read_csv(results / "tables" / "robustness.csv")
+    assert len(robust) == 1 + 2 * 3 + 1 + 1            # teacher, main cells, reference, loss grid
+    assert not robust.isin(["failed", "missing"]).any().any()
+    for name in ("main", "loss_design", "by_dataset", "by_size", "robustness"):
         for ext in ("csv", "md", "tex"):
             assert (results / "tables" / f"{name}.{ext}").stat().st_size > 0
-    for name in ("accuracy_by_init", "time_to_accuracy", "distill_layers", "attention_maps"):
+    for name in ("accuracy_by_init", "time_to_accuracy", "distill_layers", "attention_maps",
+                 "robustness"):
         assert (results / "figures" / f"{name}.png").stat().st_size > 0
     maps = {p.parent.name: json.loads(p.read_text())
             for p in (results / "maps" / "synthetic" / "cpu96").glob("*/record.json")}
@@ -252,7 +263,7 @@ def test_snakemakes_html_report_shows_tables_and_figures_with_captions(project):
     html = out.read_text()
     for name in ("main.md", "loss_design.md", "by_dataset.md", "by_size.md", "report.md",
                  "accuracy_by_init.png", "time_to_accuracy.png", "distill_layers.png",
-                 "attention_maps.png"):
+                 "attention_maps.png", "robustness.md", "robustness.png"):
         assert name in html, name
     captions = [(project / "workflow" / "report" / f"{c}.rst").read_text().split()[:6]
                 for c in ("table", "figure", "attention_maps", "report_md")]
@@ -281,6 +292,7 @@ def short(project: Path, jobs: dict[str, set[str]]) -> dict[str, set[str]]:
 
 REPORTING = {"collect": {"results.csv"}, "tables": {"tables/main.csv"},
              "figures": {"figures/accuracy_by_init.png"}, "report": {"report.md"}}
+ROBUSTNESS_REPORT = {"robustness_report": {"tables/robustness.csv"}}
 
 
 def test_editing_an_operator_reruns_exactly_its_cells(project):
@@ -292,13 +304,17 @@ def test_editing_an_operator_reruns_exactly_its_cells(project):
                      f"{cells}/copy_mlp+distill/out/seed0"},
         "attention_maps": {"maps/synthetic/cpu96/focused"},
         "attention_figure": {"figures/attention_maps.png"},
-        **REPORTING}
+        "robustness_cell": {f"robustness/{cells}/random/none/seed0",
+                            f"robustness/{cells}/copy_mlp/none/seed0",
+                            f"robustness/{cells}/copy_mlp+distill/out/seed0"},
+        **ROBUSTNESS_REPORT, **REPORTING}
 
 
 def test_editing_a_loss_reruns_exactly_its_distillation_and_cells(project):
     jobs = short(project, edit_and_plan(project, "transfer/losses/attn_map_ce.py"))
-    assert jobs == {"distill": {"distill/synthetic/cpu96/linear/map"},
-                    "finetune": {"cells/synthetic/cpu96/linear/copy_mlp+distill/map/seed0"},
+    cell = "cells/synthetic/cpu96/linear/copy_mlp+distill/map/seed0"
+    assert jobs == {"distill": {"distill/synthetic/cpu96/linear/map"}, "finetune": {cell},
+                    "robustness_cell": {f"robustness/{cell}"}, **ROBUSTNESS_REPORT,
                     **REPORTING}
 
 

@@ -170,6 +170,7 @@ rule report:
         figures=ancient(expand(f"{RESULTS}/figures/{{name}}.png",
                                name=FIGURES + ["attention_maps"])),
         bench=[f"{RESULTS}/bench/record.json"] if config.get("bench") else [],
+        robustness=[f"{RESULTS}/robustness.md"] if grid.robustness_section(config) else [],
         code=code("report"),
     output:
         in_report(f"{RESULTS}/report.md", "report_md", "Report", document="report.md"),
@@ -178,7 +179,10 @@ rule report:
     params:
         # words, each quoted by {params.bench:q}
         bench=lambda wc, input: ["--bench-record", *input.bench] if input.bench else [],
+        robustness=lambda wc, input: (["--robustness-section", *input.robustness]
+                                      if input.robustness else []),
         tables=f"{RESULTS}/tables",
     shell:
         "{REPORT} report --grid {input.grid:q} --results {input.results:q} {params.bench:q}"
+        " {params.robustness:q}"
         " --tables {params.tables:q} --figures {input.figures:q} --out {output:q} > {log:q} 2>&1"

@@ -7,6 +7,8 @@
     attention  attention-map records (linvit attention-maps) -> figures/attention_maps.{png,pdf}
     report     tables + figures -> report.md
     dense      results.csv -> tables/dense.*, figures/dense.*, dense.md
+    robustness-report  robustness records -> tables/robustness.*, figures/robustness.*,
+               robustness.md (a section of report.md)
 
 grid.json (written by the workflow) holds the expected cells, the axis orders and the main loss.
 """
@@ -20,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="step", required=True)
     r = sub.add_parser("record")
     r.add_argument("--kind", required=True,            # record.KINDS (a test holds them equal)
-                   choices=["teacher", "distill", "cell", "dense", "bench", "maps"])
+                   choices=["teacher", "distill", "cell", "dense", "bench", "maps", "corrupt",
+                            "robustness"])
     r.add_argument("--key", required=True, help="JSON object naming the job")
     r.add_argument("--run-dir", required=True)
     r.add_argument("--status", type=int, required=True, help="the linvit run's exit status")
@@ -42,12 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--tables", required=True)
     d.add_argument("--figures", nargs="*", default=[])
     d.add_argument("--bench-record", help="the bench job's record.json (a section of the report)")
+    d.add_argument("--robustness-section", help="robustness.md (a section of the report)")
     dn = sub.add_parser("dense")
     dn.add_argument("--grid", required=True)
     dn.add_argument("--results", required=True)
     dn.add_argument("--tables", required=True)
     dn.add_argument("--figures", required=True)
     dn.add_argument("--out", required=True)
+    ro = sub.add_parser("robustness-report")
+    ro.add_argument("--grid", required=True)
+    ro.add_argument("--tables", required=True)
+    ro.add_argument("--figures", required=True)
+    ro.add_argument("--out", required=True, help="robustness.md, the report's section")
+    ro.add_argument("records", nargs="*", help="record.json of every robustness job")
     at = sub.add_parser("attention")
     at.add_argument("--teacher-record", required=True,
                     help="record.json of the maps job of the teacher")
@@ -62,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {"record": "linvit.report.record", "collect": "linvit.report.collect",
             "tables": "linvit.report.tables", "figures": "linvit.report.figures",
             "attention": "linvit.report.attention_maps", "report": "linvit.report.document",
-            "dense": "linvit.report.dense"}
+            "dense": "linvit.report.dense", "robustness-report": "linvit.report.robustness"}
 
 
 def main(argv=None) -> int:

@@ -15,9 +15,10 @@ from linvit.runs.verify import verified_metrics
 
 LOG_TAIL_LINES = 30
 # What made the record: a workflow job of one of these kinds. "maps" (attention maps for the
-# figure) never reaches collection. report/cli.py's --kind choices repeat these (a test holds
-# them equal: the CLI imports no step module before it runs).
-KINDS = ("teacher", "distill", "cell", "dense", "bench", "maps")
+# figure), "corrupt" and "robustness" never reach collection (their own report steps read them).
+# report/cli.py's --kind choices repeat these (a test holds them equal: the CLI imports no step
+# module before it runs).
+KINDS = ("teacher", "distill", "cell", "dense", "bench", "maps", "corrupt", "robustness")
 
 
 def make_record(kind: str, key: dict, run_dir: str | Path, exit_status: int,

@@ -1,0 +1,166 @@
+"""The robustness results: table, figure and robustness.md, from the robustness jobs' records.
+
+Rows: each teacher, then each cell (operator, init strategy, loss design), mean ± 95% CI over
+seeds. Columns: clean test top-1; ImageNet-C-style corruptions (made here, not the official
+files: see linvit.robustness.corruptions) as the mean over corruption types and severities, the
+share of the clean accuracy it keeps (on the same images), and its difference from the teacher's;
+then top-1 on each ImageNet shift set scored. A job that failed or has not run reads
+"failed" / "missing", as in every table.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from linvit.io import write_text
+from linvit.render.plotting import new_figure, save
+from linvit.render.tables import cell_text, rank, to_markdown, write_table
+from linvit.robustness.shifts import SHIFTS
+
+KEY = ["dataset", "size", "operator", "init", "loss", "seed"]
+TEACHER = "teacher"
+CAPTION = ("Robustness: clean test top-1, ImageNet-C-style corruptions (mean over types and "
+           "severities; kept: % of the clean accuracy on the same images; vs teacher: points) "
+           "and ImageNet shift sets (%)")
+
+
+def robustness_frame(records: list[dict], grid_cells: list[dict]) -> pd.DataFrame:
+    """One row per scored model: its key, status and scalar results; expected cells without a
+    record as missing."""
+    rows = []
+    for r in records:
+        key = {"operator": "softmax", "init": TEACHER, "loss": "none", "seed": None, **r["key"]}
+        row = {**{k: key.get(k) for k in KEY}, "status": r["status"]}
+        m = r.get("metrics") or {}
+        row["clean"] = m.get("top1")
+        c = m.get("corruptions") or {}
+        if c:
+            row.update(corruption_mean=c["mean"], corruption_kept=100 * c["mean"] / c["clean"]
+                       if c["clean"] else None, clean_subset=c["clean"])
+            row.update({f"severity_{s}": _severity_mean(c, s) for s in _severities(c)})
+        row.update({f"shift_{k}": v for k, v in (m.get("shifts") or {}).items()})
+        rows.append(row)
+    seen = {tuple(row[k] for k in KEY) for row in rows}
+    for cell in grid_cells:
+        if tuple(cell[k] for k in KEY) not in seen:
+            rows.append({**{k: cell[k] for k in KEY}, "status": "missing"})
+    return pd.DataFrame(rows, columns=list(dict.fromkeys(KEY + ["status"] + [
+        k for row in rows for k in row])))
+
+
+def _severities(c: dict) -> list[str]:
+    return sorted({s for sets in c["sets"].values() for s in sets}, key=int)
+
+
+def _severity_mean(c: dict, severity: str) -> float:
+    values = [sets[severity] for sets in c["sets"].values() if severity in sets]
+    return sum(values) / len(values)
+
+
+def robustness_table(frame: pd.DataFrame, orders: dict) -> pd.DataFrame:
+    frame = _with_teacher_difference(frame)
+    columns = [("clean", "clean")]
+    if "corruption_mean" in frame:
+        columns += [("corruption_mean", "corruptions"), ("corruption_kept", "kept %"),
+                    ("vs_teacher", "vs teacher")]
+    columns += [(c, SHIFTS[c.removeprefix("shift_")].title)
+                for c in frame.columns if c.startswith("shift_")]
+    rows, index = [], []
+    for key, group in _model_groups(frame, orders):
+        rows.append([cell_text(group, column) for column, _ in columns])
+        index.append(key)
+    return pd.DataFrame(rows, columns=[title for _, title in columns],
+                        index=pd.MultiIndex.from_tuples(index, names=["dataset", "size",
+                                                                      "model"]))
+
+
+def _with_teacher_difference(frame: pd.DataFrame) -> pd.DataFrame:
+    """vs_teacher: a model's mean corruption accuracy minus its teacher's (same dataset, size)."""
+    if "corruption_mean" not in frame:
+        return frame
+    teachers = frame[(frame["init"] == TEACHER) & (frame["status"] == "ok")]
+    base = teachers.groupby(["dataset", "size"])["corruption_mean"].mean()
+    pairs = zip(frame["dataset"], frame["size"])
+    frame = frame.copy()
+    frame["vs_teacher"] = [m - base.get(k, float("nan")) for m, k in
+                           zip(frame["corruption_mean"], pairs)]
+    return frame
+
+
+def _model_groups(frame: pd.DataFrame, orders: dict):
+    """((dataset, size, model label), rows over seeds), teacher first, then grid order."""
+    order = {"init": [TEACHER] + orders.get("init", []),
+             "operator": orders.get("operator", []), "loss": orders.get("loss", [])}
+    keys = sorted({tuple(k) for k in frame[["dataset", "size", "operator", "init", "loss"]]
+                   .itertuples(index=False)},
+                  key=lambda k: (k[0], k[1], k[3] != TEACHER, rank(order["operator"], k[2]),
+                                 rank(order["init"], k[3]), rank(order["loss"], k[4])))
+    for dataset, size, op, init, loss in keys:
+        group = frame[(frame["dataset"] == dataset) & (frame["size"] == size)
+                      & (frame["operator"] == op) & (frame["init"] == init)
+                      & (frame["loss"] == loss)]
+        label = "softmax teacher" if init == TEACHER else f"{op} {init}" + (
+            "" if loss in ("none", orders.get("main_loss")) else f" ({loss})")
+        yield (dataset, size, label), group
+
+
+def robustness_figure(frame: pd.DataFrame, orders: dict, out: Path) -> None:
+    """Mean accuracy over corruption types against severity (0: clean, same images), one panel
+    per operator with a line per init strategy, the teacher dashed in every panel."""
+    severities = sorted(int(c.split("_")[1]) for c in frame.columns if c.startswith("severity_"))
+    ok = frame[frame["status"] == "ok"]
+    operators = [o for o in orders.get("operator", []) if o in set(ok["operator"])
+                 and o != "softmax"] or ["softmax"]
+    fig, axes = new_figure(len(operators), width=3.6)
+    xs = [0, *severities]
+
+    def curve(rows):
+        return [rows["clean_subset"].mean(), *(rows[f"severity_{s}"].mean() for s in severities)]
+    teacher = ok[ok["init"] == TEACHER]
+    for ax, op in zip(axes, operators):
+        if len(teacher) and severities:
+            ax.plot(xs, curve(teacher), "k--", label="softmax teacher")
+        cells = ok[(ok["operator"] == op) & (ok["init"] != TEACHER)]
+        for init, rows in sorted(cells.groupby("init"), key=lambda g: rank(orders.get("init"),
+                                                                          g[0])):
+            if severities:
+                ax.plot(xs, curve(rows), marker="o", ms=3, label=init)
+        ax.set(title=op, xlabel="severity (0: clean)", ylabel="top-1 (%)", xticks=xs)
+        ax.legend(fontsize=6)
+    save(fig, out)
+
+
+def write_robustness(records: list[dict], grid: dict, tables_dir: Path, figures_dir: Path,
+                     out: Path) -> pd.DataFrame:
+    orders = {**grid["orders"], "main_loss": grid["main_loss"]}
+    frame = robustness_frame(records, grid["cells"])
+    table = robustness_table(frame, orders)
+    write_table(table, Path(tables_dir) / "robustness", CAPTION)
+    robustness_figure(frame, orders, Path(figures_dir) / "robustness")
+    rel = os.path.relpath(Path(figures_dir) / "robustness.png", Path(out).parent)
+    write_text(out, "\n".join(["## Robustness\n", CAPTION + ".\n", _provenance(records),
+                               to_markdown(table), f"![robustness]({rel})\n"]) + "\n")
+    return table
+
+
+def _provenance(records: list[dict]) -> str:
+    """What the corruption numbers are: library, sets, images (from the first scored model)."""
+    for r in records:
+        c = ((r.get("metrics") or {}).get("corruptions")) or {}
+        if c:
+            names = ", ".join(c["sets"])
+            return (f"Corruptions: {len(c['sets'])} types x {len(_severities(c))} severities "
+                    f"({names}) on a fixed subset of {c['samples']} test images, made on the fly "
+                    "with imagecorruptions (ImageNet-C-style: not the official ImageNet-C files, "
+                    "so not comparable with published ImageNet-C numbers).\n")
+    return "No corruption results.\n"
+
+
+def run_step(a) -> None:
+    from linvit.report.files import read_grid
+    from linvit.report.record import read_records
+
+    write_robustness(read_records(a.records), read_grid(a.grid), Path(a.tables),
+                     Path(a.figures), Path(a.out))
