@@ -32,6 +32,9 @@ STAGES = {
     "finetune": Stage("initialise a student with an init strategy, then fine-tune it",
                       "linvit.transfer.stages:run_finetune",
                       "linvit.transfer.config:FinetuneConfig"),
+    "select": Stage("cut a smaller softmax teacher out of a larger one (weight selection: first "
+                    "blocks, evenly spaced channels and heads)",
+                    "linvit.transfer.stages:run_select", "linvit.transfer.config:SelectConfig"),
     "evaluate": Stage("evaluate a checkpoint on a dataset's test split",
                       "linvit.train.stages:run_evaluate", "linvit.train.config:EvaluateConfig"),
     "corrupt": Stage("a test split's fixed subset and its ImageNet-C-style corrupted copies "

@@ -52,6 +52,7 @@ STAGE_FILES = {
     "init": (("model.safetensors", "copied.json"), ("init_metrics.json",)),
     "evaluate": ((), ()),
     "corrupt": (("corrupted.safetensors",), ()),
+    "select": (("model.safetensors", "selected.json"), ()),
     "robustness": ((), ()),
     "import-teacher": (("model.safetensors",), ()),
     "attention-maps": (("maps.safetensors",), ()),

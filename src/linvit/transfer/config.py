@@ -1,4 +1,5 @@
-"""Configs of `linvit distill`, `linvit init` and `linvit finetune`."""
+"""Configs of `linvit distill`, `linvit init`, `linvit finetune`, `linvit attention-maps` and
+`linvit select`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,12 +14,14 @@ from linvit.config import (
     OptimCfg,
     RunCfg,
     check_model,
+    check_spec,
     existing_file,
+    image_size,
     one_of,
     positive,
     required_file,
 )
-from linvit.models import SIZES
+from linvit.models import SIZES, ModelSpec
 from linvit.transfer.groups import GROUPS
 from linvit.transfer.losses import LOSSES
 from linvit.transfer.strategies import STRATEGIES
@@ -151,3 +154,17 @@ class MapsConfig:
         if not self.layers:
             raise ConfigError("layers: name at least one block (negative counts from the end)")
         positive("images", self.images)
+
+
+@dataclass
+class SelectConfig:
+    """`linvit select`: a smaller softmax teacher cut out of a larger one (weight selection)."""
+    teacher: str | None = None        # the larger softmax teacher's model.safetensors
+    size: str = "cpu96"               # the smaller model's size
+    data: DataCfg = field(default_factory=DataCfg)   # the selected model's test accuracy
+    run: RunCfg = field(default_factory=RunCfg)
+
+    def validate(self, p: str) -> None:
+        required_file("teacher", self.teacher, "a softmax teacher's model.safetensors")
+        one_of("size", self.size, SIZES)
+        check_spec("size", ModelSpec(self.size, "softmax", 1, image_size("data", self.data), 1))

@@ -169,3 +169,38 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
     return finish_training(run, rt, model, history,
                            {"strategy": record["strategy"], "init": init_eval,
                             "copied": record["summary"]})
+
+
+def run_select(cfg, out, replace: bool = False) -> dict:
+    """A softmax model of cfg.size cut out of the teacher (linvit.transfer.select), with its
+    selection record (selected.json) and, on the teacher's own classes, its test accuracy as
+    selected, before any training."""
+    from linvit.data import get_dataset
+    from linvit.models.sizes import get_size
+    from linvit.train.common import make_test_loader
+    from linvit.transfer.select import select_state, selection
+
+    rt, run = start_run(cfg, out, "select", replace)
+    if run.finished:
+        return completed_metrics(run)
+    teacher = read_spec(cfg.teacher)
+    if teacher.operator != "softmax":
+        raise ConfigError(f"teacher: {cfg.teacher} is a {teacher.operator} model; weight "
+                          "selection takes a softmax teacher")
+    spec = ModelSpec(cfg.size, "softmax", teacher.num_classes, teacher.img_size, teacher.in_chans)
+    model = create_vit(spec)
+    model.load_state_dict(select_state(read_state_dict(cfg.teacher), teacher.size,
+                                       list(model.state_dict()), cfg.size), strict=True)
+    info = get_dataset(cfg.data.dataset).info(cfg.data.root, cfg.data.img_size)
+    scored = (info.num_classes, info.img_size) == (spec.num_classes, spec.img_size)
+    test = make_test_loader(cfg.data, rt) if scored else None
+    run.open(f"selecting {cfg.size} from the {teacher.size} teacher {cfg.teacher}")
+    index = selection(get_size(teacher.size), get_size(cfg.size))
+    write_json(run.path / "selected.json", {"teacher": cfg.teacher, "teacher_size": teacher.size,
+                                           "size": cfg.size,
+                                           **{k: v.tolist() for k, v in index.items()}})
+    save_model(model, run.model)
+    metrics = {"params": sum(p.numel() for p in model.parameters()), "spec": spec.as_dict()}
+    if test is not None:
+        metrics["top1"] = evaluate(model.to(rt.device), test, rt, info.num_classes)["top1"]
+    return run.finish(metrics)
