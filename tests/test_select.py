@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_model, perturb
 from linvit import cli
 from linvit.io import read_json
 from linvit.models import ModelSpec, load_model, save_model
 from linvit.models.sizes import get_size
 from linvit.transfer.select import evenly_spaced, select_state
+
+from conftest import make_model, perturb
 
 
 def state_of(size, classes=10, img=28, chans=1):
