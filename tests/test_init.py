@@ -6,6 +6,7 @@ are assigned here by a naive rule written independently of linvit.transfer.group
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -36,6 +37,17 @@ PAPER = {
 }
 
 
+# The data-free baselines: mimetic attention alone and with the stem and MLPs copied.
+BASELINES = {"mimetic": set(), "copy_mlp+mimetic": PAPER_STEM | {"mlp"}}
+
+
+def test_registry_declares_the_mimetic_baselines():
+    for name, copy in BASELINES.items():
+        s = get_strategy(name)
+        assert (set(s.copy), set(s.distilled), s.mimetic) == (copy, set(), True), name
+    assert not any(get_strategy(name).mimetic for name in PAPER)
+
+
 def test_registry_declares_the_papers_strategies():
     assert set(PAPER) <= set(STRATEGIES)
     for name, (copy, distilled) in PAPER.items():
@@ -61,6 +73,8 @@ def promised_source(name: str, strategy, teacher: dict) -> str:
     operator-specific tensors, so those stay new under a copy (and come from a distilled model,
     which has the student's operator)."""
     group = naive_group(name)
+    if strategy.mimetic and re.fullmatch(r"blocks\.\d+\.attn\.(qkv|proj)\.(weight|bias)", name):
+        return "mimetic"
     if group in strategy.distilled:
         return "distilled"
     if group in strategy.copy and name in teacher:
@@ -103,6 +117,9 @@ def test_copied_and_new_sets_are_exactly_as_declared(models, operator, name):
         if expected[key] == "new":
             assert torch.equal(value, fresh[key]), key
             assert not any(torch.equal(value, m[key]) for m in sources.values() if key in m), key
+        elif expected[key] == "mimetic":
+            assert not torch.equal(value, fresh[key]) or not value.any(), key   # biases: 0
+            assert "mimetic" in record["tensors"][key]["reason"], key
         else:
             assert torch.equal(value, sources[expected[key]][key]), key
             assert not torch.equal(value, fresh[key]), key
@@ -114,6 +131,8 @@ def test_copied_and_new_sets_are_exactly_as_declared(models, operator, name):
             assert "operator-specific" in entry["reason"] and own[key] in entry["reason"], key
         elif entry["source"] == "new" and naive_group(key) in strategy.copy:
             assert "class count" in entry["reason"], key        # the only other reason
+        elif entry["source"] == "mimetic":
+            continue
         else:
             assert "reason" not in entry, key
     assert record["copy_groups"] == sorted(strategy.copy)
@@ -191,3 +210,29 @@ def test_every_operator_specific_tensor_says_why_it_starts_where_it_does(operato
     missing = [n for n in op.operator_specific_parameters() if not op.init_note(n)]
     assert not missing, f"{operator}: no init_notes entry for {missing}"
     assert not op.init_note("qkv.weight")      # shared tensors come from timm, not from a note
+
+
+def test_mimetic_weights_form_their_targets_and_the_proj_columns_of_each_head():
+    """With one head (d = C) the rank cut is exact: W_q^T W_k and W_proj W_v are the targets
+    a Z + b I themselves (Z redrawn here from the same generator), which catches a transposed
+    factor; with several heads each head's products are a rank-d cut, positive (q.k) and negative
+    (value path) on the diagonal."""
+    from linvit.transfer import mimetic
+    width = 24
+    gen = torch.Generator().manual_seed(0)
+    qkv, proj = mimetic.mimetic_weights(width, 1, gen)
+    gen = torch.Generator().manual_seed(0)
+    bound = (3.0 / width) ** 0.5
+    z1, z2 = ((torch.rand(width, width, generator=gen, dtype=torch.float64) * 2 - 1) * bound
+              for _ in range(2))
+    q, k, v = qkv.split(width)
+    eye = torch.eye(width, dtype=torch.float64)
+    torch.testing.assert_close(q.T @ k, 0.7 * z1 + 0.7 * eye)
+    torch.testing.assert_close(proj @ v, 0.4 * z2 - 0.4 * eye)
+    qkv, proj = mimetic.mimetic_weights(width, 3)
+    q, k, v = qkv.split(width)
+    for h in range(3):
+        rows = slice(8 * h, 8 * h + 8)
+        qk, pv = q[rows].T @ k[rows], proj[:, rows] @ v[rows]
+        assert torch.linalg.matrix_rank(qk) == 8 and torch.linalg.matrix_rank(pv) == 8
+        assert qk.diagonal().mean() > 0 > pv.diagonal().mean()

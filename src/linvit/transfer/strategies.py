@@ -2,7 +2,9 @@
 
 A strategy names the groups copied from the softmax teacher and the groups taken from a distilled
 student (the teacher with its attention swapped for the student's operator and distilled, see
-linvit.transfer.distill). Everything else starts new (timm's initialisation under the run's seed).
+linvit.transfer.distill), and whether attention's qkv/proj weights get the data-free mimetic
+initialisation (linvit.transfer.mimetic). Everything else starts new (timm's initialisation under
+the run's seed).
 
 The "stem" (embeddings, norms, head) travels with every copy strategy, so that copy_mlp and
 copy_attn differ from the copy_embed control only by the MLP or attention weights themselves.
@@ -23,6 +25,7 @@ class InitStrategy:
     copy: frozenset[str]
     distilled: frozenset[str] = frozenset()
     description: str = ""
+    mimetic: bool = False          # attention's qkv/proj weights from linvit.transfer.mimetic
 
     def __post_init__(self):
         check_groups(self.copy, f"strategy {self.name}: copy")
@@ -30,6 +33,9 @@ class InitStrategy:
         if self.copy & self.distilled:
             raise ValueError(f"strategy {self.name}: groups both copied and distilled: "
                              f"{sorted(self.copy & self.distilled)}")
+        if self.mimetic and "attn" in self.copy | self.distilled:
+            raise ValueError(f"strategy {self.name}: mimetic attention cannot also be copied or "
+                             "distilled")
 
     @property
     def needs_distilled(self) -> bool:
@@ -39,7 +45,7 @@ class InitStrategy:
         """The same strategy with its groups overridden by config (init.copy / init.distilled)."""
         return InitStrategy(self.name, frozenset(self.copy if copy is None else copy),
                             frozenset(self.distilled if distilled is None else distilled),
-                            self.description)
+                            self.description, self.mimetic)
 
 
 STRATEGIES: dict[str, InitStrategy] = {s.name: s for s in [
@@ -52,6 +58,10 @@ STRATEGIES: dict[str, InitStrategy] = {s.name: s for s in [
                  description="distilled attention, everything else new"),
     InitStrategy("copy_mlp+distill", STEM | {"mlp"}, frozenset({"attn"}),
                  description="the paper's recipe: stem + MLPs copied, attention distilled"),
+    InitStrategy("mimetic", frozenset(), mimetic=True,
+                 description="data-free baseline: mimetic attention, everything else new"),
+    InitStrategy("copy_mlp+mimetic", STEM | {"mlp"}, mimetic=True,
+                 description="stem + MLPs copied, mimetic attention (no distillation)"),
 ]}
 
 
