@@ -32,6 +32,9 @@ STAGES = {
     "finetune": Stage("initialise a student with an init strategy, then fine-tune it",
                       "linvit.transfer.stages:run_finetune",
                       "linvit.transfer.config:FinetuneConfig"),
+    "probe": Stage("train a head for an imported teacher without one (self-supervised): "
+                   "linear probe or fine-tune", "linvit.train.stages:run_probe",
+                   "linvit.train.config:ProbeConfig"),
     "select": Stage("cut a smaller softmax teacher out of a larger one (weight selection: first "
                     "blocks, evenly spaced channels and heads)",
                     "linvit.transfer.stages:run_select", "linvit.transfer.config:SelectConfig"),

@@ -25,6 +25,7 @@ from linvit.models.vit import LinvitViT, ModelSpec, create_vit
 SPEC_KEY = "linvit_spec"
 DIGEST_KEY = "linvit_tensors_sha256"
 FORMAT_KEY = "format"                 # training checkpoints (linvit.runs.state) set it
+HEAD_KEY = "linvit_head"              # imported teachers: "trained", "new" or "none" (headless)
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 # Wrappers that training scripts (DeiT, MAE, timm's train.py, Lightning) put around a state dict.
 WRAPPER_KEYS = ("model", "state_dict", "model_ema", "state_dict_ema", "module")
@@ -72,7 +73,9 @@ def load_tensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, s
     return tensors, meta
 
 
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+def read_state_dict(path: str | Path, wrappers: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """A file's tensors: safetensors, or a torch file read with weights_only (no pickled code),
+    its state dict found under `wrappers`, then WRAPPER_KEYS, with `module.` removed."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -87,7 +90,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: cannot be read with weights_only=True (it may hold "
                               f"pickled code, which linvit refuses to run): "
                               f"{_unpickler_reason(e)}") from None
-    return _unwrap(obj, path)
+    return _unwrap(obj, path, wrappers + WRAPPER_KEYS)
 
 
 def _unpickler_reason(error: Exception) -> str:
@@ -98,9 +101,9 @@ def _unpickler_reason(error: Exception) -> str:
     return " ".join(text.split())[:300] or type(error).__name__
 
 
-def _unwrap(obj, path: Path) -> dict[str, torch.Tensor]:
+def _unwrap(obj, path: Path, wrappers: tuple[str, ...]) -> dict[str, torch.Tensor]:
     while isinstance(obj, dict):
-        inner = next((obj[k] for k in WRAPPER_KEYS if isinstance(obj.get(k), dict)), None)
+        inner = next((obj[k] for k in wrappers if isinstance(obj.get(k), dict)), None)
         if inner is None:
             break
         obj = inner
@@ -155,6 +158,13 @@ def read_metadata(path: str | Path) -> dict:
                               f"({e}); regenerate it") from None
 
 
+def head_state(path: str | Path) -> str:
+    """Whether a model file's classifier is trained: "new" or "none" for imported teachers whose
+    checkpoint had no usable head (until a stage trains one), else "trained"."""
+    raw = read_metadata(path).get(HEAD_KEY)
+    return json.loads(raw) if raw else "trained"
+
+
 def read_spec(path: str | Path) -> ModelSpec:
     """The ModelSpec a linvit model file carries, checked field by field (no tensor is read)."""
     raw = read_metadata(path).get(SPEC_KEY)
@@ -177,51 +187,85 @@ def load_model(path: str | Path) -> LinvitViT:
 
 
 def import_timm_weights(spec: ModelSpec, file: str | Path | None = None,
-                        reset_head: bool = False) -> tuple[LinvitViT, dict]:
-    """A softmax teacher from timm weights: a local file, or timm's own pretrained loader.
+                        reset_head: bool = False, layout: str = "timm",
+                        timm_name: str | None = None) -> tuple[LinvitViT, dict]:
+    """A softmax teacher from ViT weights: a local file in one of linvit.models.layouts, or
+    timm's own pretrained loader (timm_name, default the size's).
 
-    timm's checkpoint_filter_fn translates foreign layouts (original DeiT/JAX names, position
-    embeddings of another grid) before the strict load. Returns the model and an import report.
+    The layout's conversion, then timm's checkpoint_filter_fn (original DeiT/JAX names, position
+    embeddings of another grid), then a strict load. A checkpoint without a classifier (self-
+    supervised) needs reset_head, or spec.num_classes 0 (headless). Returns the model and an
+    import report: dropped keys, reset keys and whether the head is trained ("head").
     """
     from timm.models.vision_transformer import checkpoint_filter_fn
+
+    from linvit.models.layouts import LAYOUTS
 
     if spec.operator != "softmax":
         raise CheckpointError("only softmax teachers are imported from timm weights")
     model = create_vit(spec)
     if file is None:
-        return _timm_pretrained(spec), {"source": "timm-pretrained"}
-    state = checkpoint_filter_fn(read_state_dict(file), model)
-    report = {"source": str(file), "reset": []}
+        loaded = _timm_pretrained(spec, name=timm_name)
+        return loaded, {"source": f"timm-pretrained {timm_name or ''}".strip(),
+                        "head": _head_state(spec, timm_name)}
+    state, dropped = LAYOUTS[layout].convert(read_state_dict(file, LAYOUTS[layout].wrappers))
+    state = checkpoint_filter_fn(state, model)
+    report = {"source": str(file), "layout": layout, "dropped": dropped, "reset": [],
+              "head": "none" if spec.num_classes == 0 else "trained"}
     own = model.state_dict()
-    if reset_head:
-        for key in [k for k in state if k.startswith("head.")]:
-            if state[key].shape != own[key].shape:
+    heads = sorted(k for k in own if k.startswith("head."))
+    if heads and (reset_head or not any(k in state for k in heads)):
+        if not reset_head:
+            raise CheckpointError(f"{file}: no classifier head (a self-supervised backbone?); "
+                                  "set reset_head=true for a new head to train (linvit probe), "
+                                  "or import it headless")
+        for key in heads:
+            if key not in state or state[key].shape != own[key].shape:
                 report["reset"].append(key)
                 state[key] = own[key]
+        if report["reset"]:
+            report["head"] = "new"
     load_strict(model, state, str(file))
     return model, report
 
 
-def _timm_pretrained(spec: ModelSpec, overlay: dict | None = None) -> LinvitViT:
-    """timm's own loader (its cache, the hub, or overlay={'file': ...}); timm loads strictly,
-    except that it drops a pretrained head whose class count differs from spec.num_classes."""
+def _head_state(spec: ModelSpec, name: str | None) -> str:
+    """What head timm's loader leaves: none (headless spec), trained (the pretrained classes are
+    the spec's), or new (timm drops a head of another class count; self-supervised tags have
+    none)."""
+    import timm
+
+    from linvit.models.sizes import get_size
+
+    if spec.num_classes == 0:
+        return "none"
+    cfg = timm.models.get_pretrained_cfg(name or get_size(spec.size).timm_name)
+    return "trained" if getattr(cfg, "num_classes", None) == spec.num_classes else "new"
+
+
+def _timm_pretrained(spec: ModelSpec, overlay: dict | None = None,
+                     name: str | None = None) -> LinvitViT:
+    """timm's own loader (its cache, the hub, or overlay={'file': ...}) for `name` (default: the
+    size's DeiT); timm loads strictly, except that it drops a pretrained head whose class count
+    differs from spec.num_classes."""
     import timm
 
     from linvit.attention import operator_class
     from linvit.models.sizes import get_size
 
     size = get_size(spec.size)
-    if size.timm_name is None:
+    name = name or size.timm_name
+    if name is None:
         raise CheckpointError(f"size {spec.size!r} has no timm pretrained weights; pass a file")
     try:
-        loaded = timm.create_model(size.timm_name, pretrained=True, num_classes=spec.num_classes,
+        loaded = timm.create_model(name, pretrained=True, num_classes=spec.num_classes,
                                   img_size=spec.img_size, in_chans=spec.in_chans,
                                   attn_layer=operator_class("softmax"),
                                   pretrained_cfg_overlay=overlay)
     except (OSError, RuntimeError, ValueError) as e:   # no network, no cache, a bad file
-        raise CheckpointError(f"timm could not load pretrained weights for {size.timm_name} "
+        raise CheckpointError(f"timm could not load pretrained weights for {name} "
                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}); "
                               "offline, pass file=<a local checkpoint> instead") from None
     model = create_vit(spec)             # the same tensors, in the model that carries its spec
-    load_strict(model, loaded.state_dict(), size.timm_name)
+    load_strict(model, loaded.state_dict(), name)
     return model

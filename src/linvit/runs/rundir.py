@@ -53,6 +53,7 @@ STAGE_FILES = {
     "evaluate": ((), ()),
     "corrupt": (("corrupted.safetensors",), ()),
     "select": (("model.safetensors", "selected.json"), ()),
+    "probe": (("model.safetensors", "train.jsonl"), ("checkpoint.safetensors",)),
     "robustness": ((), ()),
     "import-teacher": (("model.safetensors",), ()),
     "attention-maps": (("maps.safetensors",), ()),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from linvit.config import (
     ConfigError,
@@ -46,10 +47,34 @@ class EvaluateConfig:
 class ImportConfig:
     size: str = "deit_t"
     file: str | None = None           # None: timm's pretrained loader (cache or network)
-    reset_head: bool = False          # new head when the class count differs
+    layout: str = "timm"              # the file's key layout (linvit.models.layouts)
+    timm_name: str | None = None      # timm's loader only: a model tag (default: the size's)
+    reset_head: bool = False          # a new head where the checkpoint's does not fit or is none
+    headless: bool = False            # no classifier at all (a self-supervised backbone)
     data: DataCfg = field(default_factory=lambda: DataCfg(dataset="imagefolder"))
 
     def validate(self, p: str) -> None:
+        from linvit.models.layouts import LAYOUTS
+
         one_of("size", self.size, SIZES)
+        one_of("layout", self.layout, LAYOUTS)
         existing_file("file", self.file)
+        if self.file is not None and self.timm_name is not None:
+            raise ConfigError("timm_name: names timm's pretrained weights; give it or file, "
+                              "not both")
+        if self.headless and self.reset_head:
+            raise ConfigError("headless: a headless import has no head to reset")
         check_spec("size", ModelSpec(self.size, "softmax", 1, image_size("data", self.data), 1))
+
+
+@dataclass
+class ProbeConfig:
+    """`linvit probe`: a head for an imported teacher that has none (or a new one)."""
+    teacher: str | None = None        # an imported teacher's model.safetensors
+    mode: Literal["linear", "finetune"] = "linear"    # train the head alone, or every tensor
+    data: DataCfg = field(default_factory=DataCfg)
+    optim: OptimCfg = field(default_factory=OptimCfg)
+    run: RunCfg = field(default_factory=RunCfg)
+
+    def validate(self, p: str) -> None:
+        required_file("teacher", self.teacher, "an imported teacher's model.safetensors")

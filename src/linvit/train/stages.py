@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+from linvit.config import ConfigError
 from linvit.data import get_dataset
 from linvit.models import ModelSpec, create_vit, load_model, save_model
 from linvit.runs.stage import completed_metrics, prepare_run, start_run
@@ -51,14 +52,53 @@ def run_evaluate(cfg: EvaluateConfig, out, replace: bool = False) -> dict:
 
 def run_import(cfg: ImportConfig, out, replace: bool = False) -> dict:
     """Turn timm weights (a local file, or timm's pretrained loader) into a linvit teacher."""
+    from linvit.models.checkpoint import HEAD_KEY as HEAD
     from linvit.models.checkpoint import import_timm_weights
 
     run = prepare_run(cfg, out, "import-teacher", replace)
     if run.finished:
         return completed_metrics(run)
     info = get_dataset(cfg.data.dataset).info(cfg.data.root, cfg.data.img_size)
-    spec = ModelSpec(cfg.size, "softmax", info.num_classes, info.img_size, info.in_chans)
-    model, report = import_timm_weights(spec, cfg.file, cfg.reset_head)
+    classes = 0 if cfg.headless else info.num_classes
+    spec = ModelSpec(cfg.size, "softmax", classes, info.img_size, info.in_chans)
+    model, report = import_timm_weights(spec, cfg.file, cfg.reset_head, cfg.layout,
+                                        cfg.timm_name)
     run.open()
-    save_model(model, run.model)
+    if report.get("dropped"):
+        log.info("dropped from the checkpoint (%s layout): %s", cfg.layout,
+                 ", ".join(report["dropped"][:10]))
+    save_model(model, run.model, metadata={HEAD: report["head"]})
     return run.finish({"import": report, "spec": spec.as_dict()})
+
+
+def run_probe(cfg, out, replace: bool = False) -> dict:
+    """The teacher's backbone with a new head for the dataset's classes, trained alone (linear
+    probe: every other tensor frozen) or with the rest (fine-tune). Its model file's head counts
+    as trained, so logit KD may use it."""
+    from linvit.models import read_spec, read_state_dict
+
+    rt, run = start_run(cfg, out, "probe", replace)
+    if run.finished:
+        return completed_metrics(run)
+    info, train_loader, test_loader = make_loaders(cfg.data, rt)
+    teacher = read_spec(cfg.teacher)
+    spec = ModelSpec(teacher.size, teacher.operator, info.num_classes, info.img_size,
+                     info.in_chans, dict(teacher.operator_options))
+    check_model_fits(spec, info, cfg.data.dataset)
+    model = create_vit(spec)
+    backbone = {k: v for k, v in read_state_dict(cfg.teacher).items()
+                if not k.startswith("head.")}
+    missing, unexpected = model.load_state_dict(backbone, strict=False)
+    if unexpected or any(not k.startswith("head.") for k in missing):
+        raise ConfigError(f"teacher: {cfg.teacher} does not fit a {teacher.size} backbone "
+                          f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+    if cfg.mode == "linear":
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("head."))
+    model.to(rt.device)
+    run.open(train_loader.summary)
+    history = fit(ClassificationObjective(model, cfg.optim.label_smoothing), model, train_loader,
+                  cfg.optim, run, rt,
+                  evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
+                  eval_every=cfg.run.eval_every)
+    return finish_training(run, rt, model, history, {"mode": cfg.mode, "teacher": cfg.teacher})

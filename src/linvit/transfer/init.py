@@ -72,6 +72,8 @@ def plan_init(student: nn.Module, strategy: InitStrategy, teacher: dict[str, tor
             entry.pop("reason", None)
         elif label == "teacher" and name in own_only and name not in src:
             pass                              # new, with the reason given above
+        elif label == "teacher" and group == "head" and name not in src:
+            entry["reason"] = "the teacher has no head (a headless, self-supervised backbone)"
         elif label == "teacher" and group == "head" and name in src:
             entry["reason"] = (f"teacher head {tuple(src[name].shape)} does not fit "
                                f"{tuple(tensor.shape)} (another class count)")

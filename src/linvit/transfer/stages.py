@@ -17,6 +17,7 @@ import torch
 from linvit.config import ConfigError
 from linvit.io import write_json
 from linvit.models import ModelSpec, create_vit, load_model, read_spec, read_state_dict, save_model
+from linvit.models.checkpoint import head_state
 from linvit.runs.stage import completed_metrics, start_run
 from linvit.train.common import evaluate_init, finish_training, make_loaders
 from linvit.train.loop import evaluate
@@ -55,9 +56,18 @@ def check_distilled(path: str, spec: ModelSpec) -> None:
                           f"the student is {ours}")
 
 
-def check_kd_teacher(teacher_classes: int | None, info, what: str) -> None:
-    """Logit KD compares the student's logits with the teacher's: the class counts must agree."""
-    if teacher_classes is not None and teacher_classes != info.num_classes:
+def check_kd_teacher(teacher_path: str, info, what: str) -> None:
+    """Logit KD compares the student's logits with the teacher's: the teacher needs a trained
+    head (not a self-supervised backbone's missing or new one), on the dataset's classes."""
+    head = head_state(teacher_path)
+    if head != "trained":
+        raise ConfigError(f"{what}: the teacher {teacher_path} has "
+                          f"{'no head' if head == 'none' else 'an untrained, new head'} "
+                          "(imported from a checkpoint without a classifier), so it has no "
+                          "logits to distil; train its head first (linvit probe), or set the "
+                          "weight to 0")
+    teacher_classes = read_spec(teacher_path).num_classes
+    if teacher_classes != info.num_classes:
         raise ConfigError(f"{what}: the teacher has {teacher_classes} classes, the dataset "
                           f"{info.num_classes}; logit KD needs the same classes (set the weight "
                           "to 0, or use a teacher trained on this dataset)")
@@ -76,7 +86,7 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     info, train_loader, test_loader = make_loaders(cfg.data, rt)
     teacher = load_model(cfg.teacher)
     if cfg.distill.losses.get("logit_kd"):
-        check_kd_teacher(teacher.spec.num_classes, info, "distill.losses.logit_kd")
+        check_kd_teacher(cfg.teacher, info, "distill.losses.logit_kd")
     spec = student_spec(cfg, teacher.spec, info)
     torch.manual_seed(cfg.run.seed)
     student = create_vit(spec)
@@ -150,7 +160,7 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
     model, record = build_student(cfg, info)
     teacher = load_model(cfg.teacher) if cfg.kd.weight else None
     if teacher is not None:
-        check_kd_teacher(teacher.spec.num_classes, info, "kd.weight")
+        check_kd_teacher(cfg.teacher, info, "kd.weight")
     run.open(train_loader.summary)
     if rt.is_main:
         write_json(run.path / "copied.json", record)

@@ -1,0 +1,132 @@
+"""Teachers beyond supervised DeiT: MoCo v3 and iBOT checkpoints in their own key layouts (files the
+tests write), headless imports, a probe stage that trains their head, and logit KD refused
+against a teacher whose head is not trained."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_model, perturb
+from linvit import cli
+from linvit.io import read_json
+from linvit.models import ModelSpec, load_model
+from linvit.models.checkpoint import head_state
+
+SPEC = ModelSpec("cpu96", "softmax", num_classes=0, img_size=28, in_chans=1)
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    """A headless cpu96 backbone's tensors under timm's names."""
+    return {k: v.clone() for k, v in perturb(make_model(SPEC)).state_dict().items()}
+
+
+def mocov3_file(path, backbone):
+    """moco-v3's layout: base and momentum encoders and the predictor under module., the base
+    encoder's head being its projection MLP."""
+    state = {f"module.base_encoder.{k}": v for k, v in backbone.items()}
+    state.update({f"module.momentum_encoder.{k}": v + 1 for k, v in backbone.items()})
+    state["module.base_encoder.head.0.weight"] = torch.randn(256, 96)
+    state["module.predictor.0.weight"] = torch.randn(256, 256)
+    torch.save({"epoch": 300, "arch": "vit_small", "state_dict": state,
+                "optimizer": {"state": {}, "param_groups": []}}, path)
+    return path
+
+
+def ibot_file(path, backbone):
+    """iBOT's training checkpoint: student and (EMA) teacher, backbone. and head. under module."""
+    teacher = {f"module.backbone.{k}": v for k, v in backbone.items()}
+    teacher["module.backbone.masked_embed"] = torch.zeros(96)
+    teacher["module.head.mlp.0.weight"] = torch.randn(256, 96)
+    student = {k: v + 1 for k, v in teacher.items()}
+    torch.save({"student": student, "teacher": teacher, "epoch": 100}, path)
+    return path
+
+
+def import_args(out, file, layout, mnist_root, *extra):
+    return ["import-teacher", "-o", str(out), "size=cpu96", f"file={file}", f"layout={layout}",
+            "data.dataset=fashion_mnist", f"data.root={mnist_root}", *extra]
+
+
+@pytest.mark.parametrize("layout, write", [("mocov3", mocov3_file), ("ibot", ibot_file)])
+def test_self_supervised_layouts_import_their_backbone_tensor_for_tensor(
+        tmp_path, mnist_root, backbone, layout, write):
+    file = write(tmp_path / f"{layout}.pth", backbone)
+    out = tmp_path / "teacher"
+    assert cli.main(import_args(out, file, layout, mnist_root, "headless=true")) == 0
+    model = load_model(out / "model.safetensors")
+    assert model.spec.num_classes == 0 and head_state(out / "model.safetensors") == "none"
+    state = model.state_dict()
+    assert set(state) == set(backbone)
+    assert all(torch.equal(state[k], backbone[k]) for k in backbone)     # not the momentum copy
+    report = read_json(out / "metrics.json")["import"]
+    dropped = {"mocov3": ["module.base_encoder.head.0.weight", "module.predictor.0.weight"],
+               "ibot": ["masked_embed", "head.mlp.0.weight"]}[layout]
+    assert all(any(d.endswith(k) or k.endswith(d) for k in report["dropped"]) for d in dropped)
+
+
+def test_a_foreign_layout_read_as_timm_s_is_refused_naming_the_keys(tmp_path, mnist_root,
+                                                                     backbone, capsys):
+    file = mocov3_file(tmp_path / "moco.pth", backbone)
+    out = tmp_path / "teacher"
+    assert cli.main(import_args(out, file, "timm", mnist_root, "headless=true")) == 2
+    err = capsys.readouterr().err
+    assert "does not fit the model" in err and "missing" in err and "base_encoder" in err
+    assert not (out / "model.safetensors").exists()
+
+
+def test_a_headless_checkpoint_needs_reset_head_or_headless(tmp_path, mnist_root, backbone,
+                                                            capsys):
+    file = ibot_file(tmp_path / "ibot.pth", backbone)
+    assert cli.main(import_args(tmp_path / "t", file, "ibot", mnist_root)) == 2
+    assert "no classifier head" in capsys.readouterr().err
+
+
+def test_probe_trains_a_head_and_only_then_logit_kd_is_allowed(tmp_path, mnist_root, backbone,
+                                                               capsys):
+    file = mocov3_file(tmp_path / "moco.pth", backbone)
+    imported = tmp_path / "imported"
+    assert cli.main(import_args(imported, file, "mocov3", mnist_root, "reset_head=true")) == 0
+    teacher = imported / "model.safetensors"
+    assert head_state(teacher) == "new"
+    student = ["finetune", "-o", str(tmp_path / "cell"), f"teacher={teacher}",
+               "init.strategy=copy_mlp", "model.operator=linear", f"data.root={mnist_root}",
+               "optim.epochs=1", "optim.warmup_epochs=0", "data.batch_size=64",
+               "run.progress=false"]
+    assert cli.main([*student, "kd.weight=0.5"]) == 2
+    assert "untrained, new head" in capsys.readouterr().err
+    assert not (tmp_path / "cell").exists()
+
+    probed = tmp_path / "probed"
+    assert cli.main(["probe", "-o", str(probed), f"teacher={teacher}", f"data.root={mnist_root}",
+                     "optim.epochs=1", "optim.warmup_epochs=0", "data.batch_size=64",
+                     "run.progress=false"]) == 0
+    model = load_model(probed / "model.safetensors")
+    before = load_model(teacher).state_dict()
+    after = model.state_dict()
+    assert all(torch.equal(after[k], before[k]) for k in before if not k.startswith("head."))
+    assert not torch.equal(after["head.weight"], before["head.weight"])  # linear probe: head only
+    assert head_state(probed / "model.safetensors") == "trained"
+    student[3] = f"teacher={probed}/model.safetensors"
+    assert cli.main([*student, "kd.weight=0.5"]) == 0
+
+
+def test_strategies_give_a_student_of_a_headless_teacher_a_new_head(tmp_path, mnist_root,
+                                                                    backbone):
+    file = ibot_file(tmp_path / "ibot.pth", backbone)
+    imported = tmp_path / "imported"
+    assert cli.main(import_args(imported, file, "ibot", mnist_root, "headless=true")) == 0
+    init = tmp_path / "init"
+    assert cli.main(["init", "-o", str(init), f"teacher={imported}/model.safetensors",
+                     "init.strategy=copy_all", "model.operator=linear",
+                     f"data.root={mnist_root}"]) == 0
+    tensors = read_json(init / "copied.json")["tensors"]
+    assert tensors["head.weight"]["source"] == "new"
+    assert "headless" in tensors["head.weight"]["reason"]
+    assert tensors["blocks.0.mlp.fc1.weight"]["source"] == "teacher"
+
+
+def test_timm_name_and_file_together_are_refused(tmp_path, capsys):
+    assert cli.main(["import-teacher", "-o", str(tmp_path / "t"), "timm_name=x",
+                     f"file={__file__}"]) == 2
+    assert "timm_name" in capsys.readouterr().err
