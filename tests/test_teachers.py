@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_model, perturb
 from linvit import cli
 from linvit.io import read_json
 from linvit.models import ModelSpec, load_model
 from linvit.models.checkpoint import head_state
+
+from conftest import make_model, perturb
 
 SPEC = ModelSpec("cpu96", "softmax", num_classes=0, img_size=28, in_chans=1)
 
