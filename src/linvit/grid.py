@@ -440,13 +440,20 @@ def robustness_dir(results: str, dataset: str, size: str, cell: Cell | None = No
     return f"{results}/robustness/{cell_dir('cells', cell)}"
 
 
+def _robustness_data(config: dict, dataset: str) -> dict:
+    """The dataset's entry with the section's data fields (batch size, workers, test_subset)."""
+    return deep_merge(_data(config, dataset), {"data": robustness_section(config).get("data")
+                                               or {}})
+
+
 def corrupt_args(config: dict, dataset: str, out_dir: str) -> str:
-    tree = {**_data(config, dataset), "corruptions": robustness_section(config)["corruptions"]}
+    tree = {**_robustness_data(config, dataset),
+            "corruptions": robustness_section(config)["corruptions"]}
     return _command("corrupt", out_dir, tree)
 
 
 def robustness_args(config: dict, dataset: str, checkpoint: str, corrupted: str | None,
                     out_dir: str) -> str:
-    tree = {**_data(config, dataset), "checkpoint": checkpoint, "corrupted": corrupted,
-            "shifts": robustness_section(config).get("shifts") or {}}
+    tree = {**_robustness_data(config, dataset), "checkpoint": checkpoint,
+            "corrupted": corrupted, "shifts": robustness_section(config).get("shifts") or {}}
     return _command("robustness", out_dir, tree)

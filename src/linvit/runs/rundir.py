@@ -314,7 +314,8 @@ def environment() -> dict:
     import torch
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "timm": timm.__version__,
-            "platform": platform.platform(), "cuda": torch.cuda.is_available()}
+            "platform": platform.platform(), "cuda": torch.cuda.is_available(),
+            "processes": int(os.environ.get("WORLD_SIZE", "1"))}     # torch.distributed world
 
 
 def _log_to(path: Path) -> None:
