@@ -319,8 +319,10 @@ def check_config(config: dict, existing_file: str) -> None:
         raise ConfigError(str(e)) from None
     for field, where, args in jobs:
         stage, _, _, _, *overrides = shlex.split(args)     # <stage> -o <dir> --rerun k=v ...
+        # run.threads: what the shell line of every job but the scenes adds (RUN_AND_RECORD)
+        threads = [] if stage == "make-scenes" else ["run.threads=1"]
         try:
-            load_config(stage_config(stage), None, overrides)
+            load_config(stage_config(stage), None, [*overrides, *threads])
         except ConfigError as e:
             raise ConfigError(f"{field} (job {where}): {e}") from None
 
@@ -437,7 +439,7 @@ def robustness_dir(results: str, dataset: str, size: str, cell: Cell | None = No
     """A cell's robustness run, or its teacher's (cell None)."""
     if cell is None:
         return f"{results}/robustness/teachers/{dataset}/{size}"
-    return f"{results}/robustness/{cell_dir('cells', cell)}"
+    return f"{results}/robustness{cell_dir('', cell)}"            # .../robustness/cells/...
 
 
 def _robustness_data(config: dict, dataset: str) -> dict:

@@ -282,3 +282,10 @@ def test_claims_report_verdicts_both_ways():
            "copy_embed 60.00, copy_attn 70.00, copy_mlp 65.00 | **does not hold**" in text
     assert "distill > random | d / s | linear | random 50.00, distill 55.00 | holds" in text
     assert "copy_mlp+distill 74.00, softmax 80.00 | **does not hold**" in text
+
+
+def test_robustness_folders_mirror_the_models_they_score():
+    cell = grid.Cell("d", "s", "linear", "copy_mlp", "none", 0)
+    folder = "res/robustness/cells/d/s/linear/copy_mlp/none/seed0"
+    assert grid.robustness_dir("res", "d", "s", cell) == folder
+    assert grid.robustness_dir("res", "d", "s") == "res/robustness/teachers/d/s"

@@ -189,7 +189,8 @@ def test_every_command_keeps_paths_and_keys_whole(tmp_path, mnist_root):
     assert set(commands) == {"teacher", "distill", "finetune", "bench", "collect", "tables",
                              "figures", "attention_maps", "attention_figure", "report",
                              "scenes", "dense_job",
-                             "dense_collect", "dense"}
+                             "dense_collect", "dense", "corrupt", "robustness_teacher",
+                             "robustness_cell", "robustness_report"}
     for rule, lines in commands.items():
         for words in lines:
             for word in words:                # a split path leaves pieces of it as words
@@ -215,6 +216,11 @@ def test_every_command_keeps_paths_and_keys_whole(tmp_path, mnist_root):
     assert "layers=[0, -1]" in linear and "images=1" in linear
     assert not [w for w in maps[f"{HOSTILE}/maps/synthetic/cpu96/teacher"]
                 if w.startswith("model=")]                 # the teacher's own maps
+    robust = {words[words.index("-o") + 1]: words for words in commands["robustness_cell"]
+              if "-o" in words}
+    cell = f"{HOSTILE}/robustness/cells/synthetic/cpu96/linear/copy_mlp/none/seed0/run"
+    corrupted = f"{HOSTILE}/robustness/corrupted/synthetic/run/corrupted.safetensors"
+    assert f"corrupted={json.dumps(corrupted)}" in robust[cell]
 
 
 def test_a_job_runs_in_a_results_path_full_of_shell_syntax(project):

@@ -43,6 +43,7 @@ class CorruptionsCfg:
 class CorruptConfig:
     data: DataCfg = field(default_factory=DataCfg)
     corruptions: CorruptionsCfg = field(default_factory=CorruptionsCfg)
+    run: RunCfg = field(default_factory=RunCfg)       # threads; the draws use corruptions.seed
 
 
 @dataclass

@@ -24,7 +24,7 @@ from linvit.models import load_model
 from linvit.models.checkpoint import load_tensors, save_tensors
 from linvit.robustness.corruptions import corrupt_images
 from linvit.robustness.shifts import IMAGENET_CLASSES, SHIFTS, ShiftDataset
-from linvit.runs.stage import completed_metrics, prepare_run, start_run
+from linvit.runs.stage import completed_metrics, start_run
 from linvit.train.common import check_model_fits, make_test_loader
 from linvit.train.loop import evaluate
 
@@ -33,7 +33,7 @@ LIBRARY = "imagecorruptions-imaug"
 
 
 def run_corrupt(cfg, out, replace: bool = False) -> dict:
-    run = prepare_run(cfg, out, "corrupt", replace)
+    _, run = start_run(cfg, out, "corrupt", replace)
     if run.finished:
         return completed_metrics(run)
     c = cfg.corruptions

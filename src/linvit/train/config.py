@@ -52,6 +52,7 @@ class ImportConfig:
     reset_head: bool = False          # a new head where the checkpoint's does not fit or is none
     headless: bool = False            # no classifier at all (a self-supervised backbone)
     data: DataCfg = field(default_factory=lambda: DataCfg(dataset="imagefolder"))
+    run: RunCfg = field(default_factory=RunCfg)      # the workflow sets run.threads on every job
 
     def validate(self, p: str) -> None:
         from linvit.models.layouts import LAYOUTS
