@@ -99,7 +99,7 @@ def test_the_paper_grid_runs_end_to_end_at_toy_scale(tmp_path):
     assert set(cells["init"]) == {"random", "copy_mlp+distill", "copy_mlp+mimetic", "copy_all"}
     # the training jobs ran under torch.distributed, two processes
     for run_dir in frame[frame["kind"].isin(["distill", "cell"])]["run_dir"]:
-        env = json.loads((Path(run_dir) / "metrics.json").read_text())["env"]
+        env = json.loads((project / run_dir / "metrics.json").read_text())["env"]
         assert env["processes"] == 2, run_dir
     robust = pd.read_csv(results / "tables" / "robustness.csv")
     for title in ("ImageNet-A", "ImageNet-R", "ImageNet-Sketch", "ImageNet-V2"):
