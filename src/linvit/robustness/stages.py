@@ -66,22 +66,23 @@ def uint8_test_split(data, samples: int | None) -> tuple[torch.Tensor, torch.Ten
     """The test split's fixed subset of `samples` images (data.base.subset_indices), uint8
     (n, C, H, W) as the model sees them before normalisation, and their labels."""
     ds = get_dataset(data.dataset)
-    if hasattr(ds, "arrays"):                            # in-memory datasets
-        images, labels = ds.arrays(data.root, "test")
-    else:                                                # folders: the evaluation transform
-        images, labels = _folder_split(ds, data)
+    if not hasattr(ds, "arrays"):                        # folders: the evaluation transform
+        return _folder_split(ds, data, samples)
+    images, labels = ds.arrays(data.root, "test")        # in-memory datasets
     idx = subset_indices(len(labels), samples)
     return (images, labels) if idx is None else (images[idx], labels[idx])
 
 
-def _folder_split(ds, data) -> tuple[torch.Tensor, torch.Tensor]:
+def _folder_split(ds, data, samples) -> tuple[torch.Tensor, torch.Tensor]:
+    """Only the subset's images are read (an ImageNet val split does not fit in memory)."""
     from timm.data import create_transform
     from torchvision.datasets import ImageFolder
 
     info = ds.info(data.root, data.img_size)
     folder = ImageFolder(str(ds._split_dir(data.root, "test")),
                          transform=create_transform(info.img_size, normalize=False))
-    pairs = [folder[i] for i in range(len(folder))]
+    idx = subset_indices(len(folder), samples)
+    pairs = [folder[i] for i in (range(len(folder)) if idx is None else idx.tolist())]
     return torch.stack([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs])
 
 
