@@ -162,4 +162,4 @@ def _shift_loader(name, root, spec, info, data, rt) -> TorchLoader:
 def _score_shift(model, name, loader, rt) -> float:
     indices = SHIFTS[name].class_indices()
     scored = model if indices is None else _Subset(model, indices).to(rt.device)
-    return evaluate(scored, loader, rt, len(indices or range(IMAGENET_CLASSES)))["top1"]
+    return evaluate(scored, loader, rt, len(indices) if indices else IMAGENET_CLASSES)["top1"]

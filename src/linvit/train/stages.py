@@ -76,6 +76,7 @@ def run_probe(cfg, out, replace: bool = False) -> dict:
     probe: every other tensor frozen) or with the rest (fine-tune). Its model file's head counts
     as trained, so logit KD may use it."""
     from linvit.models import read_spec, read_state_dict
+    from linvit.models.checkpoint import mismatch_report
 
     rt, run = start_run(cfg, out, "probe", replace)
     if run.finished:
@@ -88,10 +89,12 @@ def run_probe(cfg, out, replace: bool = False) -> dict:
     model = create_vit(spec)
     backbone = {k: v for k, v in read_state_dict(cfg.teacher).items()
                 if not k.startswith("head.")}
-    missing, unexpected = model.load_state_dict(backbone, strict=False)
-    if unexpected or any(not k.startswith("head.") for k in missing):
+    report = mismatch_report(model, backbone)
+    report["missing"] = [k for k in report["missing"] if not k.startswith("head.")]
+    if any(report.values()):
         raise ConfigError(f"teacher: {cfg.teacher} does not fit a {teacher.size} backbone "
-                          f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+                          f"({ {k: v[:5] for k, v in report.items() if v} })")
+    model.load_state_dict(backbone, strict=False)                 # all but the new head
     if cfg.mode == "linear":
         for name, p in model.named_parameters():
             p.requires_grad_(name.startswith("head."))
