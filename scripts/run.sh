@@ -7,7 +7,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ " $* " == *" dense "* ]]; then ./scripts/setup.sh --dense; else ./scripts/setup.sh; fi
 .venv/bin/snakemake --cores 2 --workflow-profile workflow/profiles/local "$@"
-results=$(.venv/bin/python -c "import yaml; print(yaml.safe_load(open('config/config.yaml'))['results'])")
+# the grid's results folder: that of the last --configfile given, else the shipped grid's
+configfile=config/config.yaml
+args=("$@")
+for i in "${!args[@]}"; do
+  if [ "${args[$i]}" = "--configfile" ] && [ $((i + 1)) -lt ${#args[@]} ]; then
+    configfile=${args[$((i + 1))]}
+  fi
+done
+results=$(.venv/bin/python -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['results'])" \
+  "$configfile")
 if [ -f "$results/tables/main.md" ] && [[ " $* " != *" -n "* ]]; then
   # Snakemake's HTML report beside report.md: the tables and figures with their captions
   .venv/bin/snakemake --workflow-profile workflow/profiles/local "$@" \

@@ -1,9 +1,15 @@
 """The ablation grid: which teacher, distillation and fine-tuning jobs a workflow config asks for,
 where each writes, and the exact CLI overrides each job gets. The Snakefile only wires this.
 
-A cell is one fine-tuned student: (dataset, size, operator, init strategy, loss design, seed).
-Cells share work: one teacher per (dataset, size), one distillation per (dataset, size, operator,
-loss design). Strategies that take nothing from a distilled student get loss "none".
+A cell is one fine-tuned student: (dataset, teacher, size, operator, init strategy, loss design,
+seed). Cells share work: one teacher model per (dataset, teacher, size), one distillation per
+(dataset, teacher, size, operator, loss design). Strategies that take nothing from a distilled
+student get loss "none".
+
+Teachers are named (config `teachers`; default one, "pretrain", trained here at every size). A
+teacher is made at its own size (pretrained, or imported from timm weights and, if configured,
+given a head by `linvit probe`); for each smaller student size it serves, weight selection
+(`linvit select`) cuts a teacher of that size out of it: the teacher size -> student size axis.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ NO_LOSS = "none"
 @dataclass(frozen=True)
 class Cell:
     dataset: str
+    teacher: str
     size: str
     operator: str
     init: str
@@ -36,24 +43,62 @@ class Cell:
         return asdict(self)
 
 
-def teacher_dir(results: str, dataset: str, size: str) -> str:
-    return f"{results}/teachers/{dataset}/{size}"
+# --- teachers: named, each made at its own size and selected down to smaller student sizes -----
+DEFAULT_TEACHERS = {"pretrain": {"source": "pretrain"}}
 
 
-def distill_dir(results: str, dataset: str, size: str, operator: str, loss: str) -> str:
-    return f"{results}/distill/{dataset}/{size}/{operator}/{loss}"
+def teacher_specs(config: dict) -> dict[str, dict]:
+    """name -> how the teacher is made (config `teachers`; default: pretrained at every size)."""
+    return config.get("teachers") or DEFAULT_TEACHERS
+
+
+def made_size(spec: dict, student_size: str) -> str:
+    """The size a teacher is made at: its `size`, or (pretrained without one) the student's."""
+    return spec.get("size") or student_size
+
+
+def student_sizes(config: dict, spec: dict) -> list[str]:
+    """The student sizes a teacher serves: `students`, else its own size, else (a pretrained
+    teacher without a size) every size of the grid."""
+    if spec.get("students"):
+        return list(spec["students"])
+    return [spec["size"]] if spec.get("size") else list(config["sizes"])
+
+
+def teacher_students(config: dict) -> list[tuple[str, str]]:
+    """(teacher, student size) pairs, in the order of `sizes` then of `teachers`."""
+    pairs = [(t, s) for t, spec in teacher_specs(config).items()
+             for s in student_sizes(config, spec)]
+    return sorted(pairs, key=lambda p: config["sizes"].index(p[1]) if p[1] in config["sizes"]
+                  else len(config["sizes"]))
+
+
+def teacher_dir(results: str, dataset: str, teacher: str, size: str) -> str:
+    return f"{results}/teachers/{dataset}/{teacher}/{size}"
+
+
+def import_dir(results: str, dataset: str, teacher: str, size: str) -> str:
+    """An imported teacher's weights before `linvit probe` gives them a head."""
+    return f"{results}/imports/{dataset}/{teacher}/{size}"
+
+
+def distill_dir(results: str, dataset: str, teacher: str, size: str, operator: str,
+                loss: str) -> str:
+    return f"{results}/distill/{dataset}/{teacher}/{size}/{operator}/{loss}"
 
 
 def cell_dir(results: str, c: Cell) -> str:
-    return f"{results}/cells/{c.dataset}/{c.size}/{c.operator}/{c.init}/{c.loss}/seed{c.seed}"
+    return (f"{results}/cells/{c.dataset}/{c.teacher}/{c.size}/{c.operator}/{c.init}/{c.loss}"
+            f"/seed{c.seed}")
 
 
 def _cells(config: dict, operators, strategies, losses) -> list[Cell]:
     out = []
-    for dataset, size, op, init, seed in itertools.product(
-            config["datasets"], config["sizes"], operators, strategies, config["seeds"]):
+    for dataset, (teacher, size), op, init, seed in itertools.product(
+            config["datasets"], teacher_students(config), operators, strategies,
+            config["seeds"]):
         designs = losses if get_strategy(init).needs_distilled else [NO_LOSS]
-        out += [Cell(dataset, size, op, init, loss, seed) for loss in designs]
+        out += [Cell(dataset, teacher, size, op, init, loss, seed) for loss in designs]
     return out
 
 
@@ -67,12 +112,22 @@ def expand_grid(config: dict) -> list[Cell]:
     return list(dict.fromkeys(cells))
 
 
-def teachers(cells: list[Cell]) -> list[tuple[str, str]]:
-    return list(dict.fromkeys((c.dataset, c.size) for c in cells))
+def teachers(config: dict, cells: list[Cell]) -> list[tuple[str, str, str]]:
+    """(dataset, teacher, size) of every teacher model: each one the cells use and, before a
+    selected one, the teacher at its own size that it is cut out of."""
+    used = dict.fromkeys((c.dataset, c.teacher, c.size) for c in cells)
+    specs = teacher_specs(config)
+    made = {(d, t, made_size(specs[t], s)): None for d, t, s in used}
+    return list(dict.fromkeys([*made, *used]))
 
 
-def distillations(cells: list[Cell]) -> list[tuple[str, str, str, str]]:
-    return list(dict.fromkeys((c.dataset, c.size, c.operator, c.loss)
+def imports(config: dict, cells: list[Cell]) -> list[tuple[str, str, str]]:
+    """(dataset, teacher, size) of the imports a probe job then gives a head."""
+    return [k for k in teachers(config, cells) if teacher_stage(config, k[1], k[2]) == "probe"]
+
+
+def distillations(cells: list[Cell]) -> list[tuple[str, str, str, str, str]]:
+    return list(dict.fromkeys((c.dataset, c.teacher, c.size, c.operator, c.loss)
                               for c in cells if c.needs_distill))
 
 
@@ -97,25 +152,62 @@ def _command(stage: str, out_dir: str, tree: dict) -> str:
     return shlex.join([stage, "-o", out_dir, "--rerun", *override_words(tree)])
 
 
-def teacher_stage(config: dict, size: str) -> str:
-    """The CLI stage that makes the teacher of `size`: imported timm weights, or pretraining."""
-    source = config.get("teachers", {}).get(size, {}).get("source", "pretrain")
-    return "import-teacher" if source == "timm" else "pretrain"
+def teacher_stage(config: dict, teacher: str, size: str) -> str:
+    """The CLI stage that makes a teacher model: `select` below the teacher's own size; there,
+    `pretrain`, or `import-teacher` (then `probe` when the teacher names one: the probe job makes
+    the teacher model from the import)."""
+    spec = teacher_specs(config)[teacher]
+    if size != made_size(spec, size):
+        return "select"
+    if spec["source"] == "timm":
+        return "probe" if spec.get("probe") is not None else "import-teacher"
+    return "pretrain"
 
 
-def teacher_args(config: dict, dataset: str, size: str, out_dir: str) -> str:
-    teacher = config.get("teachers", {}).get(size, {"source": "pretrain"})
-    if teacher_stage(config, size) == "import-teacher":
-        tree = {"size": size, "file": teacher.get("file"), "reset_head": True,
-                **_data(config, dataset)}
-        return _command("import-teacher", out_dir, tree)
+def import_args(config: dict, dataset: str, teacher: str, out_dir: str) -> str:
+    spec = teacher_specs(config)[teacher]
+    headless = bool(spec.get("headless"))
+    tree = {"size": spec["size"], "file": spec.get("file"), "layout": spec.get("layout", "timm"),
+            "timm_name": spec.get("timm_name"), "headless": headless,
+            "reset_head": not headless, **_data(config, dataset)}
+    return _command("import-teacher", out_dir, tree)
+
+
+def teacher_args(config: dict, dataset: str, teacher: str, size: str, source_model: str | None,
+                 out_dir: str) -> str:
+    """The job that makes teacher model (dataset, teacher, size); source_model: what a probe or
+    select job reads (the import, or the teacher at its own size)."""
+    spec, stage = teacher_specs(config)[teacher], teacher_stage(config, teacher, size)
+    if stage == "import-teacher":
+        return import_args(config, dataset, teacher, out_dir)
+    if stage == "probe":
+        tree = deep_merge(_data(config, dataset), spec["probe"] or {}, {"teacher": source_model})
+        return _command("probe", out_dir, tree)
+    if stage == "select":
+        test = {k: v for k, v in _stage(config, "teacher").get("data", {}).items()
+                if k in ("test_subset", "eval_batch_size")}
+        tree = deep_merge(_data(config, dataset), {"data": test},
+                          {"teacher": source_model, "size": size})
+        return _command("select", out_dir, tree)
     tree = deep_merge(_data(config, dataset), _stage(config, "teacher"),
-                  {"model": {"size": size, "operator": "softmax"},
-                   "run": {"seed": config.get("teacher_seed", 0)}})
+                      {"model": {"size": size, "operator": "softmax"},
+                       "run": {"seed": config.get("teacher_seed", 0)}})
     return _command("pretrain", out_dir, tree)
 
 
-def distill_args(config: dict, dataset: str, size: str, operator: str, loss: str,
+def teacher_source(results: str, config: dict, dataset: str, teacher: str,
+                   size: str) -> str | None:
+    """The run folder a teacher job reads (an import, or the teacher a selection cuts down)."""
+    stage = teacher_stage(config, teacher, size)
+    if stage == "probe":
+        return import_dir(results, dataset, teacher, size)
+    if stage == "select":
+        return teacher_dir(results, dataset, teacher, made_size(teacher_specs(config)[teacher],
+                                                                size))
+    return None
+
+
+def distill_args(config: dict, dataset: str, teacher: str, size: str, operator: str, loss: str,
                  teacher_model: str, out_dir: str) -> str:
     tree = deep_merge(_data(config, dataset), _stage(config, "distill"),
                   {"teacher": teacher_model, "model": {"operator": operator},
@@ -137,25 +229,25 @@ def finetune_args(config: dict, cell: Cell, teacher_model: str, distilled_model:
 MAPS_TEACHER = "teacher"      # the teacher's own maps; a student's are named by its operator
 
 
-def attention_panel(config: dict) -> tuple[str, str]:
-    """(dataset, size) of the attention-map figure: the first of each."""
-    return next(iter(config["datasets"])), config["sizes"][0]
+def attention_panel(config: dict) -> tuple[str, str, str]:
+    """(dataset, teacher, size) of the attention-map figure: the first of each."""
+    return (next(iter(config["datasets"])), *teacher_students(config)[0])
 
 
 def attention_models(config: dict, cells: list[Cell]) -> list[str]:
     """The maps jobs of the figure: the teacher, then each operator with a main-loss student."""
-    dataset, size = attention_panel(config)
+    panel = attention_panel(config)
     done = distillations(cells)
     return [MAPS_TEACHER] + [op for op in config["operators"]
-                             if (dataset, size, op, config["main_loss"]) in done]
+                             if (*panel, op, config["main_loss"]) in done]
 
 
-def maps_dir(results: str, dataset: str, size: str, model: str) -> str:
-    return f"{results}/maps/{dataset}/{size}/{model}"
+def maps_dir(results: str, dataset: str, teacher: str, size: str, model: str) -> str:
+    return f"{results}/maps/{dataset}/{teacher}/{size}/{model}"
 
 
-def maps_args(config: dict, dataset: str, size: str, teacher_model: str,
-              student_model: str | None, out_dir: str) -> str:
+def maps_args(config: dict, dataset: str, teacher_model: str, student_model: str | None,
+              out_dir: str) -> str:
     tree = {"teacher": teacher_model,
             **({"model": student_model} if student_model else {}),
             **_data(config, dataset),
@@ -202,7 +294,7 @@ def grid_names(config: dict) -> dict[str, list]:
             "loss_grid.operators": sub.get("operators", []),
             "loss_grid.strategies": sub.get("strategies", []),
             "loss_grid.losses": sub.get("losses", []),
-            "teachers": list(config.get("teachers") or {}),
+            "teachers": list(teacher_specs(config)),
             "dense.operators": dense.get("operators", []),
             "dense.strategies": dense.get("strategies", [])}
 
@@ -249,19 +341,30 @@ def _check_registries(config: dict) -> None:
         names(f"losses.{design}", weights, LOSSES)
     for name, data in config["datasets"].items():
         names(f"datasets.{name}.dataset", [data["dataset"]], DATASETS)
-    names("teachers", config.get("teachers") or {}, config["sizes"])
+    for name, spec in teacher_specs(config).items():
+        names(f"teachers.{name}.size", [spec["size"]] if spec.get("size") else [], SIZES)
+        names(f"teachers.{name}.students", spec.get("students") or [], config["sizes"])
 
 
-def _check_teacher_files(config: dict) -> None:
-    """Imported teachers' weight files exist now, not only when their job starts."""
+def _check_teachers(config: dict) -> None:
+    """Each teacher is fully described, and imported weight files exist now, not only when their
+    job starts."""
     from pathlib import Path
 
     from linvit.config import ConfigError
 
-    for size, teacher in (config.get("teachers") or {}).items():
-        file = teacher.get("file")
-        if teacher.get("source") == "timm" and file is not None and not Path(file).is_file():
-            raise ConfigError(f"teachers.{size}.file: file not found: {file}")
+    for name, spec in teacher_specs(config).items():
+        where = f"teachers.{name}"
+        if spec["source"] == "timm" and not spec.get("size"):
+            raise ConfigError(f"{where}.size: required for a timm teacher (its architecture)")
+        if spec["source"] == "pretrain" and spec.get("students") and not spec.get("size"):
+            raise ConfigError(f"{where}.students: needs {where}.size (the size it is trained at)")
+        for key in ("file", "layout", "timm_name", "headless", "probe"):
+            if spec["source"] != "timm" and spec.get(key) is not None:
+                raise ConfigError(f"{where}.{key}: only for a timm teacher (source: timm)")
+        file = spec.get("file")
+        if file is not None and not Path(file).is_file():
+            raise ConfigError(f"{where}.file: file not found: {file}")
 
 
 def job_arguments(config: dict, existing_file: str) -> list[tuple[str, str, str]]:
@@ -271,15 +374,17 @@ def job_arguments(config: dict, existing_file: str) -> list[tuple[str, str, str]
     from pathlib import Path
 
     cells, x = expand_grid(config), existing_file
-    jobs = [(_teacher_field(config, s), teacher_dir("", d, s), teacher_args(config, d, s, "x"))
-            for d, s in teachers(cells)]
-    jobs += [(f"stages.distill / losses.{k[3]}", distill_dir("", *k),
+    jobs = [(f"teachers.{t}", import_dir("", d, t, s), import_args(config, d, t, "x"))
+            for d, t, s in imports(config, cells)]
+    jobs += [(_teacher_field(config, t, s), teacher_dir("", d, t, s),
+              teacher_args(config, d, t, s, x, "x")) for d, t, s in teachers(config, cells)]
+    jobs += [(f"stages.distill / losses.{k[4]}", distill_dir("", *k),
               distill_args(config, *k, x, "x")) for k in distillations(cells)]
     jobs += [("stages.finetune", cell_dir("", c),
               finetune_args(config, c, x, x if c.needs_distill else None, "x")) for c in cells]
-    dataset, size = attention_panel(config)
-    jobs += [("figures", maps_dir("", dataset, size, m),
-              maps_args(config, dataset, size, x, None if m == MAPS_TEACHER else x, "x"))
+    panel = attention_panel(config)
+    jobs += [("figures", maps_dir("", *panel, m),
+              maps_args(config, panel[0], x, None if m == MAPS_TEACHER else x, "x"))
              for m in attention_models(config, cells)]
     if config.get("dense"):
         jobs.append(("dense.scenes", "scenes", scenes_args(config, "x")))
@@ -292,15 +397,17 @@ def job_arguments(config: dict, existing_file: str) -> list[tuple[str, str, str]
         jobs += [("robustness.corruptions", corrupt_dir("", d), corrupt_args(config, d, "x"))
                  for d in corrupt_datasets(config)]
         corrupted = x if corrupt_datasets(config) else None
-        jobs += [("robustness", robustness_dir("", d, s, c), robustness_args(config, d, x,
-                                                                           corrupted, "x"))
-                 for d, s, c in robustness_targets(cells)]
+        jobs += [("robustness", robustness_dir("", *t, c), robustness_args(config, t[0], x,
+                                                                         corrupted, "x"))
+                 for *t, c in robustness_targets(config, cells)]
     return [(field, where.lstrip("/"), args) for field, where, args in jobs]
 
 
-def _teacher_field(config: dict, size: str) -> str:
-    source = (config.get("teachers") or {}).get(size, {}).get("source", "pretrain")
-    return f"teachers.{size}" if source == "timm" else "stages.teacher"
+def _teacher_field(config: dict, teacher: str, size: str) -> str:
+    """The config field a teacher job's arguments come from, for error messages."""
+    if teacher_stage(config, teacher, size) == "pretrain" and not config.get("teachers"):
+        return "stages.teacher"
+    return f"teachers.{teacher}"
 
 
 def check_config(config: dict, existing_file: str) -> None:
@@ -312,7 +419,7 @@ def check_config(config: dict, existing_file: str) -> None:
 
     check_names(config)
     _check_registries(config)
-    _check_teacher_files(config)
+    _check_teachers(config)
     try:
         jobs = job_arguments(config, existing_file)
     except ValueError as e:                  # a dense backbone that is not a cell of the grid
@@ -340,7 +447,9 @@ def grid_document(config: dict, cells: list[Cell]) -> dict:
                                            + ["softmax"])),
             "loss": [NO_LOSS, config["main_loss"], *sub.get("losses", [])],
             "dataset": list(config["datasets"]),
-            "size": list(config["sizes"]),
+            "teacher": list(teacher_specs(config)),
+            "size": list(dict.fromkeys([*config["sizes"],
+                                        *(s for _, _, s in teachers(config, cells))])),
         },
     }
 
@@ -354,6 +463,7 @@ class DenseJob:
     """One dense fine-tuning: a task on the backbone of a teacher or of a fine-tuned cell."""
     task: str
     dataset: str
+    teacher: str
     size: str
     backbone: str            # "teacher" or "<operator>.<init>.<loss>.seed<seed>"
 
@@ -364,11 +474,13 @@ class DenseJob:
         # operators and strategies are registry names without dots; loss design names may have
         op, init, rest = self.backbone.split(".", 2)
         loss, seed = rest.rsplit(".", 1)
-        return Cell(self.dataset, self.size, op, init, loss, int(seed.removeprefix("seed")))
+        return Cell(self.dataset, self.teacher, self.size, op, init, loss,
+                    int(seed.removeprefix("seed")))
 
     def key(self) -> dict:
         c = self.cell
-        return {"task": self.task, "dataset": self.dataset, "size": self.size,
+        return {"task": self.task, "dataset": self.dataset, "teacher": self.teacher,
+                "size": self.size,
                 "operator": c.operator if c else "softmax",
                 "init": c.init if c else TEACHER_BACKBONE, "loss": c.loss if c else NO_LOSS,
                 "seed": c.seed if c else 0}
@@ -379,20 +491,21 @@ def backbone_label(cell: Cell) -> str:
 
 
 def dense_jobs(config: dict, cells: list[Cell]) -> list[DenseJob]:
-    """The dense sub-grid: each task on the teacher and on the chosen cells' backbones."""
+    """The dense sub-grid: each task on each teacher model the cells use and on the chosen
+    cells' backbones."""
     dense = config.get("dense") or {}
     jobs = []
-    for task, dataset, size in itertools.product(dense.get("tasks", []), config["datasets"],
-                                                 config["sizes"]):
-        jobs.append(DenseJob(task, dataset, size, TEACHER_BACKBONE))
+    used = dict.fromkeys((c.dataset, c.teacher, c.size) for c in cells)
+    for task, (dataset, teacher, size) in itertools.product(dense.get("tasks", []), used):
+        jobs.append(DenseJob(task, dataset, teacher, size, TEACHER_BACKBONE))
         for op, init, seed in itertools.product(dense["operators"], dense["strategies"],
                                                 dense.get("seeds", config["seeds"][:1])):
             loss = config["main_loss"] if get_strategy(init).needs_distilled else NO_LOSS
-            cell = Cell(dataset, size, op, init, loss, seed)
+            cell = Cell(dataset, teacher, size, op, init, loss, seed)
             if cell not in cells:
                 raise ValueError(f"dense: backbone {backbone_label(cell)} is not a cell of the "
                                  "grid; add its operator/strategy/seed to the grid")
-            jobs.append(DenseJob(task, dataset, size, backbone_label(cell)))
+            jobs.append(DenseJob(task, dataset, teacher, size, backbone_label(cell)))
     return jobs
 
 
@@ -401,7 +514,7 @@ def bench_args(config: dict, out_dir: str) -> str:
 
 
 def dense_dir(results: str, job: DenseJob) -> str:
-    return f"{results}/dense/{job.task}/{job.dataset}/{job.size}/{job.backbone}"
+    return f"{results}/dense/{job.task}/{job.dataset}/{job.teacher}/{job.size}/{job.backbone}"
 
 
 def scenes_args(config: dict, out_dir: str) -> str:
@@ -426,19 +539,23 @@ def corrupt_datasets(config: dict) -> list[str]:
     return list(config["datasets"]) if robustness_section(config).get("corruptions") else []
 
 
-def robustness_targets(cells: list[Cell]) -> list[tuple[str, str, Cell | None]]:
-    """(dataset, size, cell) of every model scored: each teacher (cell None), then each cell."""
-    return [(d, s, None) for d, s in teachers(cells)] + [(c.dataset, c.size, c) for c in cells]
+def robustness_targets(config: dict, cells: list[Cell]) -> list[tuple[str, str, str,
+                                                                      Cell | None]]:
+    """(dataset, teacher, size, cell) of every model scored: each teacher model (cell None),
+    then each cell."""
+    return ([(d, t, s, None) for d, t, s in teachers(config, cells)]
+            + [(c.dataset, c.teacher, c.size, c) for c in cells])
 
 
 def corrupt_dir(results: str, dataset: str) -> str:
     return f"{results}/robustness/corrupted/{dataset}"
 
 
-def robustness_dir(results: str, dataset: str, size: str, cell: Cell | None = None) -> str:
-    """A cell's robustness run, or its teacher's (cell None)."""
+def robustness_dir(results: str, dataset: str, teacher: str, size: str,
+                   cell: Cell | None = None) -> str:
+    """A cell's robustness run, or its teacher model's (cell None)."""
     if cell is None:
-        return f"{results}/robustness/teachers/{dataset}/{size}"
+        return f"{results}/robustness/teachers/{dataset}/{teacher}/{size}"
     return f"{results}/robustness{cell_dir('', cell)}"            # .../robustness/cells/...
 
 

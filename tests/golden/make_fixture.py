@@ -114,7 +114,7 @@ def failed_log(job: str, reason: str) -> str:
 
 
 def teacher_job(root: Path, jobs: list) -> None:
-    run_dir = teacher_dir(RESULTS, "fashion_mnist", "cpu96")
+    run_dir = teacher_dir(RESULTS, "fashion_mnist", "pretrain", "cpu96")
     config = {"data": {"dataset": "fashion_mnist", "batch_size": 64},
               "model": {"size": "cpu96", "operator": "softmax"},
               "optim": {"epochs": 2, "lr": 0.002}, "run": {"seed": 0}}
@@ -123,21 +123,23 @@ def teacher_job(root: Path, jobs: list) -> None:
                {"top1": 76.8, "top5": 99.1, "loss": 0.61, "epochs": 2, "params": 684298,
                 "train_time_s": 250.0, "eval_img_per_s": 1200.0, "train_img_per_s": 450.0},
                {"train.jsonl": epochs(76.8, 10.0, 2, 125.0)})
-    jobs.append({"kind": "teacher", "key": {"dataset": "fashion_mnist", "size": "cpu96"},
+    jobs.append({"kind": "teacher", "key": {"dataset": "fashion_mnist", "teacher": "pretrain",
+                                            "size": "cpu96", "stage": "pretrain"},
                  "run_dir": run_dir, "status": 0, "log": None})
 
 
 def distill_job(root: Path, jobs: list, loss: str, result) -> None:
-    run_dir = distill_dir(RESULTS, "fashion_mnist", "cpu96", "linear", loss)
+    run_dir = distill_dir(RESULTS, "fashion_mnist", "pretrain", "cpu96", "linear", loss)
     config = {"data": {"dataset": "fashion_mnist", "train_subset": 30000},
               "model": {"operator": "linear"}, "distill": {"losses": CONFIG["losses"][loss]},
               "optim": {"epochs": 1, "lr": 0.001}, "run": {"seed": 0}}
     start_run(root / run_dir, "distill", config)
     job = {"kind": "distill", "key": {"dataset": "fashion_mnist", "loss": loss,
-                                      "operator": "linear", "size": "cpu96"},
+                                      "operator": "linear", "teacher": "pretrain",
+                                      "size": "cpu96"},
            "run_dir": run_dir, "status": 0, "log": None}
     if result == "error":
-        job["log"] = f"{RESULTS}/logs/distill/fashion_mnist/cpu96/linear/{loss}.log"
+        job["log"] = f"{RESULTS}/logs/distill/fashion_mnist/pretrain/cpu96/linear/{loss}.log"
         write_text(root / job["log"], failed_log("distill", "non-finite loss at step 3"))
         job["status"] = 1
     else:
@@ -152,14 +154,15 @@ def distill_job(root: Path, jobs: list, loss: str, result) -> None:
 
 def cell_job(root: Path, jobs: list, operator: str, init: str, loss: str, seed: int,
              result) -> None:
-    cell = Cell("fashion_mnist", "cpu96", operator, init, loss, seed)
+    cell = Cell("fashion_mnist", "pretrain", "cpu96", operator, init, loss, seed)
     run_dir = cell_dir(RESULTS, cell)
     config = {"data": {"dataset": "fashion_mnist", "train_subset": 10000},
               "model": {"operator": operator}, "init": {"strategy": init},
               "optim": {"epochs": 2, "lr": 0.001}, "run": {"seed": seed}}
     start_run(root / run_dir, "finetune", config)
     job = {"kind": "cell", "key": cell.as_dict(), "run_dir": run_dir, "status": 0, "log": None}
-    log = f"{RESULTS}/logs/cells/fashion_mnist/cpu96/{operator}/{init}/{loss}/seed{seed}.log"
+    log = (f"{RESULTS}/logs/cells/fashion_mnist/pretrain/cpu96/{operator}/{init}/{loss}"
+           f"/seed{seed}.log")
     if result == "error":
         write_text(root / log, failed_log("finetune", "distilled model not found"))
         job.update(status=1, log=log)

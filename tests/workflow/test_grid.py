@@ -35,7 +35,7 @@ def test_default_grid_has_every_strategy_on_three_linear_operators():
     assert {c.operator for c in main} == {"linear", "focused", "gla"}
     assert {c.init for c in main} == set(config["strategies"])
     assert len(main) == len(config["strategies"]) * len(config["operators"])
-    assert grid.teachers(cells) == [("fashion_mnist", "cpu96")]
+    assert grid.teachers(config, cells) == [("fashion_mnist", "pretrain", "cpu96")]
     # one distillation per (operator, loss design), shared by every cell that needs it
     assert len(grid.distillations(cells)) == len(config["operators"]) + 2
 
@@ -47,7 +47,8 @@ def test_loss_is_none_exactly_for_strategies_without_distillation():
 
 def test_job_arguments_are_valid_linvit_configs(tmp_path):
     config = default_config()
-    cell = grid.Cell("fashion_mnist", "cpu96", "focused", "copy_mlp+distill", "out", 3)
+    cell = grid.Cell("fashion_mnist", "pretrain", "cpu96", "focused", "copy_mlp+distill", "out",
+                     3)
     teacher = tmp_path / "t.safetensors"
     teacher.write_bytes(b"")
     words = shlex.split(grid.finetune_args(config, cell, str(teacher), str(teacher), "OUT"))
@@ -56,8 +57,8 @@ def test_job_arguments_are_valid_linvit_configs(tmp_path):
     assert (cfg.model.operator, cfg.init.strategy, cfg.run.seed) == \
         ("focused", "copy_mlp+distill", 3)
     assert cfg.data.train_subset == config["stages"]["finetune"]["data"]["train_subset"]
-    distill = shlex.split(grid.distill_args(config, "fashion_mnist", "cpu96", "linear", "map+out",
-                                            str(teacher), "D"))
+    distill = shlex.split(grid.distill_args(config, "fashion_mnist", "pretrain", "cpu96",
+                                            "linear", "map+out", str(teacher), "D"))
     assert 'distill.losses={"attn_map_ce": 1.0, "attn_out_mse": 1.0}' in distill
 
 
@@ -69,8 +70,8 @@ def test_each_distillation_gets_exactly_its_loss_design(tmp_path):
     from linvit.transfer.config import DistillConfig
     config, teacher = default_config(), str(ROOT / "Snakefile")
     for design, weights in config["losses"].items():
-        words = shlex.split(grid.distill_args(config, "fashion_mnist", "cpu96", "linear", design,
-                                              teacher, "D"))
+        words = shlex.split(grid.distill_args(config, "fashion_mnist", "pretrain", "cpu96",
+                                              "linear", design, teacher, "D"))
         assert load_config(DistillConfig, None, words[4:]).distill.losses == weights, design
 
 
@@ -80,7 +81,7 @@ def test_each_distillation_gets_exactly_its_loss_design(tmp_path):
     ({"main_loss": "nope"}, "main_loss / loss_grid.losses: ['nope'] not in"),
     ({"losses": {"out": {"mse": 1.0}, "map": {}, "map+out": {}}}, "losses.out: ['mse'] not in"),
     ({"stages": {"finetune": {"optim": {"lrr": 0.1}}}},
-     "stages.finetune (job cells/fashion_mnist/cpu96/linear/random/none/seed0): "
+     "stages.finetune (job cells/fashion_mnist/pretrain/cpu96/linear/random/none/seed0): "
      "optim.lrr: unknown field"),
     # names become folders and shell words: refused even when the schema is skipped
     ({"datasets": {"x$(touch${IFS}MARKER)": {"dataset": "fashion_mnist"}}},
@@ -96,16 +97,25 @@ def test_each_distillation_gets_exactly_its_loss_design(tmp_path):
                                    "braces"),
     ({"datasets": None}, "datasets: required"),
     # teacher files and jobs beyond the first of each stage
-    ({"teachers": {"cpu96": {"source": "timm", "file": "no/such/deit.pth"}}},
-     "teachers.cpu96.file: file not found: no/such/deit.pth"),
+    ({"teachers": {"deit": {"source": "timm", "size": "cpu96", "file": "no/such/deit.pth"}}},
+     "teachers.deit.file: file not found: no/such/deit.pth"),
+    ({"teachers": {"deit": {"source": "timm", "file": "deit.pth"}}},
+     "teachers.deit.size: required for a timm teacher"),
+    ({"teachers": {"big": {"source": "pretrain", "size": "cpu192", "students": ["deit_t"]}}},
+     "teachers.big.students: ['deit_t'] not in: cpu96"),
+    ({"teachers": {"big": {"source": "pretrain", "students": ["cpu96"]}}},
+     "teachers.big.students: needs teachers.big.size"),
+    ({"teachers": {"big": {"source": "pretrain", "headless": True}}},
+     "teachers.big.headless: only for a timm teacher"),
+
     ({"losses": {"out": {"attn_out_mse": 1.0}, "map": {"attn_map_ce": -1.0},
                  "map+out": {"attn_map_ce": 1.0}}},
-     "stages.distill / losses.map (job distill/fashion_mnist/cpu96/linear/map): "
+     "stages.distill / losses.map (job distill/fashion_mnist/pretrain/cpu96/linear/map): "
      "distill.losses.attn_map_ce: must be >= 0"),
     ({"operators": ["focused", "inline"], "reference_strategies": [], "loss_grid": None,
       "dense": None,
       "stages": {"finetune": {"model": {"operator_options": {"focusing_factor": 2.0}}}}},
-     "stages.finetune (job cells/fashion_mnist/cpu96/inline/random/none/seed0): "
+     "stages.finetune (job cells/fashion_mnist/pretrain/cpu96/inline/random/none/seed0): "
      "model.operator_options"),
     ({"bench": {"tokens": [15]}}, "bench (job bench): tokens[0]: 15 is not a positive square"),
 ])
@@ -142,13 +152,13 @@ def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
     grid.check_config(config, str(ROOT / "Snakefile"))
     cells = grid.expand_grid(config)
     counts = {name: sum(1 for n, _ in built if n == name) for name, _ in built}
-    assert counts == {"PretrainConfig": len(grid.teachers(cells)),
+    assert counts == {"PretrainConfig": len(grid.teachers(config, cells)),
                       "DistillConfig": len(grid.distillations(cells)),
                       "FinetuneConfig": len(cells),
                       "ScenesConfig": 1, "DenseConfig": len(grid.dense_jobs(config, cells)),
                       "BenchConfig": 1, "MapsConfig": len(grid.attention_models(config, cells)),
                       "CorruptConfig": len(config["datasets"]),
-                      "RobustnessConfig": len(grid.teachers(cells)) + len(cells)}
+                      "RobustnessConfig": len(grid.teachers(config, cells)) + len(cells)}
     seeds = {o for _, overrides in built for o in overrides if o.startswith("init.strategy=")}
     assert len(seeds) == len(config["strategies"])
     # an operator option that suits one operator of the grid is fine when only it gets it
@@ -164,8 +174,9 @@ def test_check_config_covers_the_paper_grid():
     cells = grid.expand_grid(config)
     maps = grid.attention_models(config, cells)
     assert maps[0] == grid.MAPS_TEACHER and len(maps) == 1 + len(config["operators"])
-    robustness = len(config["datasets"]) + len(grid.teachers(cells)) + len(cells)
-    assert len(jobs) == (len(grid.teachers(cells)) + len(grid.distillations(cells)) + len(cells)
+    robustness = len(config["datasets"]) + len(grid.teachers(config, cells)) + len(cells)
+    assert len(jobs) == (len(grid.imports(config, cells)) + len(grid.teachers(config, cells))
+                         + len(grid.distillations(cells)) + len(cells)
                          + len(maps) + 1 + robustness)
     assert {field for field, _, _ in jobs} >= {"teachers.deit_t", "stages.finetune", "bench",
                                                  "robustness.corruptions", "robustness"}
@@ -198,8 +209,8 @@ def test_a_configfile_must_define_the_whole_grid():
 
 
 def test_dense_backbones_of_dotted_loss_names_round_trip():
-    cell = grid.Cell("fashion_mnist", "cpu96", "linear", "copy_mlp+distill", "map.v2", 1)
-    job = grid.DenseJob("segment", "fashion_mnist", "cpu96", grid.backbone_label(cell))
+    cell = grid.Cell("fashion_mnist", "t", "cpu96", "linear", "copy_mlp+distill", "map.v2", 1)
+    job = grid.DenseJob("segment", "fashion_mnist", "t", "cpu96", grid.backbone_label(cell))
     assert job.cell == cell
 
 
@@ -248,9 +259,10 @@ def record(kind, key, top1=None, status="ok"):
 
 
 def test_tables_show_missing_and_failed_cells_and_match_known_output():
-    cells = [{"dataset": "d", "size": "s", "operator": op, "init": init, "loss": "none",
-              "seed": 0} for op in ("linear", "focused") for init in ("random", "copy_mlp")]
-    records = [record("teacher", {"dataset": "d", "size": "s"}, 80.0),
+    cells = [{"dataset": "d", "teacher": "t", "size": "s", "operator": op, "init": init,
+              "loss": "none", "seed": 0}
+             for op in ("linear", "focused") for init in ("random", "copy_mlp")]
+    records = [record("teacher", {"dataset": "d", "teacher": "t", "size": "s"}, 80.0),
                record("cell", cells[0], 61.5), record("cell", cells[1], 70.25),
                record("cell", cells[2], status="failed")]
     results = results_frame(records, cells)
@@ -259,13 +271,14 @@ def test_tables_show_missing_and_failed_cells_and_match_known_output():
     orders = {"init": ["random", "copy_mlp"], "operator": ["linear", "focused", "softmax"]}
     table = main_table(results, orders, "out")
     assert to_markdown(table) == (
-        "| dataset | size | init | linear | focused | softmax |\n"
-        "|---|---|---|---:|---:|---:|\n"
-        "| d | s | teacher (pretrained) |  |  | 80.00 |\n"
-        "| d | s | random | 61.50 | failed |  |\n"
-        "| d | s | copy_mlp | 70.25 | missing |  |\n")
+        "| dataset | teacher | size | init | linear | focused | softmax |\n"
+        "|---|---|---|---|---:|---:|---:|\n"
+        "| d | t | s | teacher (pretrained) |  |  | 80.00 |\n"
+        "| d | t | s | random | 61.50 | failed |  |\n"
+        "| d | t | s | copy_mlp | 70.25 | missing |  |\n")
     latex = to_latex(table, "Top-1 & more")
-    assert r"\caption{Top-1 \& more}" in latex and r"d & s & random & 61.50 & failed &  \\" in latex
+    assert r"\caption{Top-1 \& more}" in latex
+    assert r"d & t & s & random & 61.50 & failed &  \\" in latex
 
 
 def test_claims_report_verdicts_both_ways():
@@ -285,7 +298,77 @@ def test_claims_report_verdicts_both_ways():
 
 
 def test_robustness_folders_mirror_the_models_they_score():
-    cell = grid.Cell("d", "s", "linear", "copy_mlp", "none", 0)
-    folder = "res/robustness/cells/d/s/linear/copy_mlp/none/seed0"
-    assert grid.robustness_dir("res", "d", "s", cell) == folder
-    assert grid.robustness_dir("res", "d", "s") == "res/robustness/teachers/d/s"
+    cell = grid.Cell("d", "t", "s", "linear", "copy_mlp", "none", 0)
+    folder = "res/robustness/cells/d/t/s/linear/copy_mlp/none/seed0"
+    assert grid.robustness_dir("res", "d", "t", "s", cell) == folder
+    assert grid.robustness_dir("res", "d", "t", "s") == "res/robustness/teachers/d/t/s"
+
+
+def teacher_axis_config(tmp_path) -> dict:
+    """The default grid with three teachers: pretrained at the student size, pretrained wider and
+    selected down, and imported timm weights given a head by a linear probe."""
+    weights = tmp_path / "deit.safetensors"
+    weights.write_bytes(b"")
+    config = {**default_config(), "operators": ["linear"], "loss_grid": None, "dense": None,
+              "teachers": {"pretrain": {"source": "pretrain"},
+                           "wide": {"source": "pretrain", "size": "cpu192",
+                                    "students": ["cpu96"]},
+                           "deit": {"source": "timm", "size": "cpu96", "file": str(weights),
+                                    "headless": True, "layout": "mocov3",
+                                    "probe": {"mode": "linear",
+                                              "optim": {"epochs": 1, "warmup_epochs": 0}}}}}
+    return {k: v for k, v in config.items() if v is not None}
+
+
+def test_teacher_axis_makes_selects_and_probes_each_teacher(tmp_path, monkeypatch):
+    import linvit.config
+    config = teacher_axis_config(tmp_path)
+    cells = grid.expand_grid(config)
+    per_teacher = {t: [c for c in cells if c.teacher == t] for t in config["teachers"]}
+    assert {t: len(c) for t, c in per_teacher.items()} == {t: len(cells) // 3 for t in per_teacher}
+    assert {c.size for c in cells} == {"cpu96"}
+    # the wide teacher is made at its own size, then cut down for its cpu96 students
+    models = grid.teachers(config, cells)
+    assert models.index(("fashion_mnist", "wide", "cpu192")) < \
+        models.index(("fashion_mnist", "wide", "cpu96"))
+    stages = {(t, s): grid.teacher_stage(config, t, s) for _, t, s in models}
+    assert stages == {("pretrain", "cpu96"): "pretrain", ("wide", "cpu192"): "pretrain",
+                      ("wide", "cpu96"): "select", ("deit", "cpu96"): "probe"}
+    assert grid.imports(config, cells) == [("fashion_mnist", "deit", "cpu96")]
+    assert grid.teacher_source("R", config, "fashion_mnist", "wide", "cpu96") == \
+        "R/teachers/fashion_mnist/wide/cpu192"
+    assert grid.teacher_source("R", config, "fashion_mnist", "deit", "cpu96") == \
+        "R/imports/fashion_mnist/deit/cpu96"
+    select = shlex.split(grid.teacher_args(config, "fashion_mnist", "wide", "cpu96", "BIG", "O"))
+    assert select[0] == "select" and {"teacher=\"BIG\"", "size=\"cpu96\""} <= set(select)
+    probe = shlex.split(grid.teacher_args(config, "fashion_mnist", "deit", "cpu96", "IMP", "O"))
+    assert probe[0] == "probe" and {"teacher=\"IMP\"", "mode=\"linear\""} <= set(probe)
+    imported = shlex.split(grid.import_args(config, "fashion_mnist", "deit", "O"))
+    assert {"headless=true", "reset_head=false", "layout=\"mocov3\""} <= set(imported)
+    # every job of the axis is built into its stage's config before any runs
+    built, load = [], linvit.config.load_config
+    monkeypatch.setattr(linvit.config, "load_config",
+                        lambda cls, path, overrides: built.append(cls.__name__)
+                        or load(cls, path, overrides))
+    grid.check_config(config, str(ROOT / "Snakefile"))
+    assert {n: built.count(n) for n in ("PretrainConfig", "SelectConfig", "ImportConfig",
+                                        "ProbeConfig")} == {"PretrainConfig": 2, "SelectConfig": 1,
+                                                            "ImportConfig": 1, "ProbeConfig": 1}
+    assert grid.grid_document(config, cells)["orders"]["teacher"] == ["pretrain", "wide", "deit"]
+
+
+def test_by_teacher_table_puts_teachers_side_by_side():
+    from linvit.report.tables import axis_table
+    records = [record("cell", {"dataset": "d", "teacher": t, "size": "s", "operator": "linear",
+                               "init": "copy_mlp", "loss": "none", "seed": seed}, top1)
+               for t, seed, top1 in [("sup", 0, 70.0), ("sup", 1, 72.0), ("ssl", 0, 60.0)]]
+    records.append(record("teacher", {"dataset": "d", "teacher": "ssl", "size": "s",
+                                      "stage": "select"}, 50.0))
+    results = results_frame(records)
+    orders = {"teacher": ["sup", "ssl"], "init": ["copy_mlp"], "operator": ["linear"]}
+    table = axis_table(results, orders, "teacher", "out")
+    assert list(table.columns) == ["sup", "ssl"]
+    assert table.loc[("d", "s", "linear", "copy_mlp"), "ssl"] == "60.00"
+    assert table.loc[("d", "s", "linear", "copy_mlp"), "sup"].startswith("71.00")
+    main = main_table(results, orders, "out")
+    assert ("d", "ssl", "s", "teacher (selected)") in main.index

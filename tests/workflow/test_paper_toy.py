@@ -69,7 +69,8 @@ def toy_paper_config(data: Path, teacher: Path, shifts: dict) -> dict:
         strategies=["random", "copy_mlp+distill", "copy_mlp+mimetic"],
         loss_grid={"operators": ["linear"], "strategies": ["copy_mlp+distill"],
                    "losses": ["map"]},
-        teachers={"deit_t": {"source": "timm", "file": str(teacher)}}, bench=None,
+        teachers={"deit_t": {"source": "timm", "size": "deit_t", "file": str(teacher)}},
+        bench=None,
         figures={"attention_layers": [0, 11], "attention_images": 1})
     config["datasets"]["imagenet"]["root"] = str(data)
     tiny = {"data": {"batch_size": 4, "eval_batch_size": 8, "workers": 0, "train_subset": 8,
@@ -104,7 +105,7 @@ def test_the_paper_grid_runs_end_to_end_at_toy_scale(tmp_path):
     robust = pd.read_csv(results / "tables" / "robustness.csv")
     for title in ("ImageNet-A", "ImageNet-R", "ImageNet-Sketch", "ImageNet-V2"):
         assert not robust[title].isin(["failed", "missing"]).any(), robust
-    teacher = json.loads((results / "robustness" / "teachers" / "imagenet" / "deit_t"
+    teacher = json.loads((results / "robustness" / "teachers" / "imagenet" / "deit_t" / "deit_t"
                           / "record.json").read_text())
     assert teacher["status"] == "ok" and set(teacher["metrics"]["shifts"]) == set(
         config["robustness"]["shifts"])

@@ -101,18 +101,26 @@ def test_paper_dag_has_the_full_grid(tmp_path):
     run = snakemake(path, "-n", "--configfile", "config/paper.yaml")
     assert run.returncode == 0, run.stderr[-3000:]
     paper = yaml.safe_load((path / "config" / "paper.yaml").read_text())
-    sizes, ops, seeds = len(paper["sizes"]), len(paper["operators"]), len(paper["seeds"])
+    teachers = paper["teachers"]
+    # (teacher, student size) pairs: a teacher serves its `students`, by default its own size
+    pairs = sum(len(t.get("students", [t["size"]])) for t in teachers.values())
+    models = pairs                                       # teacher models: one per pair ...
+    imports = sum(1 for t in teachers.values() if t.get("probe"))   # ... an import before a probe
+    ops, seeds = len(paper["operators"]), len(paper["seeds"])
     sub = paper["loss_grid"]
-    sub_cells = sizes * len(sub["operators"]) * len(sub["strategies"]) * len(sub["losses"]) * seeds
-    cells = sizes * ops * len(paper["strategies"]) * seeds + sizes * seeds + sub_cells
-    distills = sizes * ops + sizes * len(sub["operators"]) * len(sub["losses"])
+    sub_cells = pairs * len(sub["operators"]) * len(sub["strategies"]) * len(sub["losses"]) * seeds
+    cells = pairs * ops * len(paper["strategies"]) * seeds + pairs * seeds + sub_cells
+    distills = pairs * ops + pairs * len(sub["operators"]) * len(sub["losses"])
     # grid_document, collect, tables, figures, attention_figure, bench, report, all,
     # robustness_report
     report_jobs = 9
     maps_jobs = 1 + ops   # the first teacher's attention maps and its students' (main loss)
-    robustness_jobs = len(paper["datasets"]) + sizes + cells     # corrupt, teachers, cells
+    robustness_jobs = len(paper["datasets"]) + models + cells    # corrupt, teachers, cells
     total = int(re.search(r"^total\s+(\d+)$", run.stdout, re.M).group(1))
-    assert total == sizes + distills + cells + report_jobs + maps_jobs + robustness_jobs
+    assert total == (imports + models + distills + cells + report_jobs + maps_jobs
+                     + robustness_jobs)
+    assert re.search(rf"^teacher\s+{models}$", run.stdout, re.M)
+    assert re.search(rf"^import_teacher\s+{imports}$", run.stdout, re.M)
     assert re.search(rf"^robustness_cell\s+{cells}$", run.stdout, re.M)
     assert re.search(rf"^attention_maps\s+{maps_jobs}$", run.stdout, re.M)
     assert re.search(rf"^finetune\s+{cells}$", run.stdout, re.M)
@@ -148,7 +156,7 @@ def test_a_name_that_would_run_a_command_is_refused(tmp_path, mnist_root):
     config["datasets"] = {name: config["datasets"]["synthetic"]}
     (path / "config" / "evil.yaml").write_text(yaml.safe_dump(config))
     # a real run of the job that name reaches (a dry run would never start a shell)
-    run = snakemake(path, f"results/teachers/{name}/cpu96/record.json", "--cores", "1",
+    run = snakemake(path, f"results/teachers/{name}/pretrain/cpu96/record.json", "--cores", "1",
                     "--configfile", "config/evil.yaml")
     assert not list(path.rglob("MARKER"))
     assert run.returncode != 0 and not (path / "results").exists()
@@ -200,36 +208,38 @@ def test_every_command_keeps_paths_and_keys_whole(tmp_path, mnist_root):
                 if flag in words:
                     assert isinstance(json.loads(words[words.index(flag) + 1]), dict), words
     record = [words for words in commands["teacher"] if "record" in words][0]
-    assert json.loads(record[record.index("--key") + 1]) == {"dataset": "synthetic",
-                                                            "size": "cpu96"}
-    assert record[record.index("--run-dir") + 1] == f"{HOSTILE}/teachers/synthetic/cpu96"
+    assert json.loads(record[record.index("--key") + 1]) == {
+        "dataset": "synthetic", "teacher": "pretrain", "size": "cpu96", "stage": "pretrain"}
+    assert record[record.index("--run-dir") + 1] == f"{HOSTILE}/teachers/synthetic/pretrain/cpu96"
     assert [w for w in commands["teacher"][1] if w.startswith("PYTHONPATH=")] == [
         f"PYTHONPATH={path}/src"]
     students = commands["attention_figure"][0]
     assert students[students.index("--student-record") + 1] == \
-        f"linear={HOSTILE}/maps/synthetic/cpu96/linear/record.json"
+        f"linear={HOSTILE}/maps/synthetic/pretrain/cpu96/linear/record.json"
     maps = {words[words.index("-o") + 1]: words for words in commands["attention_maps"]
             if "attention-maps" in words}
-    linear = maps[f"{HOSTILE}/maps/synthetic/cpu96/linear"]
-    student = f"{HOSTILE}/distill/synthetic/cpu96/linear/out/model.safetensors"
+    linear = maps[f"{HOSTILE}/maps/synthetic/pretrain/cpu96/linear"]
+    student = f"{HOSTILE}/distill/synthetic/pretrain/cpu96/linear/out/model.safetensors"
     assert f"model={json.dumps(student)}" in linear
     assert "layers=[0, -1]" in linear and "images=1" in linear
-    assert not [w for w in maps[f"{HOSTILE}/maps/synthetic/cpu96/teacher"]
+    assert not [w for w in maps[f"{HOSTILE}/maps/synthetic/pretrain/cpu96/teacher"]
                 if w.startswith("model=")]                 # the teacher's own maps
     robust = {words[words.index("-o") + 1]: words for words in commands["robustness_cell"]
               if "-o" in words}
-    cell = f"{HOSTILE}/robustness/cells/synthetic/cpu96/linear/copy_mlp/none/seed0/run"
+    cell = f"{HOSTILE}/robustness/cells/synthetic/pretrain/cpu96/linear/copy_mlp/none/seed0/run"
     corrupted = f"{HOSTILE}/robustness/corrupted/synthetic/run/corrupted.safetensors"
     assert f"corrupted={json.dumps(corrupted)}" in robust[cell]
 
 
 def test_a_job_runs_in_a_results_path_full_of_shell_syntax(project):
-    record = project / HOSTILE / "teachers" / "synthetic" / "cpu96" / "record.json"
+    record = project / HOSTILE / "teachers" / "synthetic" / "pretrain" / "cpu96" / "record.json"
     run = snakemake(project, str(record.relative_to(project)), "--cores", "2",
                     "--configfile", "config/tiny.yaml", "--config", f"results={HOSTILE}")
     assert run.returncode == 0, run.stderr[-3000:]
     written = json.loads(record.read_text())
-    assert (written["status"], written["key"]) == ("ok", {"dataset": "synthetic", "size": "cpu96"})
+    assert (written["status"], written["key"]) == ("ok", {"dataset": "synthetic",
+                                                          "teacher": "pretrain", "size": "cpu96",
+                                                          "stage": "pretrain"})
     assert not list(project.rglob("MARK*"))
 
 
@@ -242,14 +252,14 @@ def test_tiny_grid_runs_end_to_end_and_then_has_nothing_to_do(project):
     robust = pd.read_csv(results / "tables" / "robustness.csv")
     assert len(robust) == 1 + 2 * 3 + 1 + 1            # teacher, main cells, reference, loss grid
     assert not robust.isin(["failed", "missing"]).any().any()
-    for name in ("main", "loss_design", "by_dataset", "by_size", "robustness"):
+    for name in ("main", "loss_design", "by_dataset", "by_teacher", "by_size", "robustness"):
         for ext in ("csv", "md", "tex"):
             assert (results / "tables" / f"{name}.{ext}").stat().st_size > 0
     for name in ("accuracy_by_init", "time_to_accuracy", "distill_layers", "attention_maps",
                  "robustness"):
         assert (results / "figures" / f"{name}.png").stat().st_size > 0
     maps = {p.parent.name: json.loads(p.read_text())
-            for p in (results / "maps" / "synthetic" / "cpu96").glob("*/record.json")}
+            for p in (results / "maps/synthetic/pretrain/cpu96").glob("*/record.json")}
     assert {name: (r["kind"], r["status"]) for name, r in maps.items()} == {
         name: ("maps", "ok") for name in ("teacher", "linear", "focused")}
     assert (Path(maps["focused"]["run_dir"]) / "maps.safetensors").is_file()
@@ -303,12 +313,12 @@ ROBUSTNESS_REPORT = {"robustness_report": {"tables/robustness.csv"}}
 
 def test_editing_an_operator_reruns_exactly_its_cells(project):
     jobs = short(project, edit_and_plan(project, "attention/focused.py"))
-    cells = "cells/synthetic/cpu96/focused"
+    cells = "cells/synthetic/pretrain/cpu96/focused"
     assert jobs == {
-        "distill": {"distill/synthetic/cpu96/focused/out"},
+        "distill": {"distill/synthetic/pretrain/cpu96/focused/out"},
         "finetune": {f"{cells}/random/none/seed0", f"{cells}/copy_mlp/none/seed0",
                      f"{cells}/copy_mlp+distill/out/seed0"},
-        "attention_maps": {"maps/synthetic/cpu96/focused"},
+        "attention_maps": {"maps/synthetic/pretrain/cpu96/focused"},
         "attention_figure": {"figures/attention_maps.png"},
         "robustness_cell": {f"robustness/{cells}/random/none/seed0",
                             f"robustness/{cells}/copy_mlp/none/seed0",
@@ -318,8 +328,8 @@ def test_editing_an_operator_reruns_exactly_its_cells(project):
 
 def test_editing_a_loss_reruns_exactly_its_distillation_and_cells(project):
     jobs = short(project, edit_and_plan(project, "transfer/losses/attn_map_ce.py"))
-    cell = "cells/synthetic/cpu96/linear/copy_mlp+distill/map/seed0"
-    assert jobs == {"distill": {"distill/synthetic/cpu96/linear/map"}, "finetune": {cell},
+    cell = "cells/synthetic/pretrain/cpu96/linear/copy_mlp+distill/map/seed0"
+    assert jobs == {"distill": {"distill/synthetic/pretrain/cpu96/linear/map"}, "finetune": {cell},
                     "robustness_cell": {f"robustness/{cell}"}, **ROBUSTNESS_REPORT,
                     **REPORTING}
 
@@ -336,7 +346,8 @@ def test_the_attention_figure_and_its_maps_rerun_apart(project):
     assert short(project, edit_and_plan(project, "report/attention_maps.py")) == {
         "attention_figure": {"figures/attention_maps.png"}}
     assert short(project, edit_and_plan(project, "transfer/maps.py")) == {
-        "attention_maps": {f"maps/synthetic/cpu96/{m}" for m in ("teacher", "linear", "focused")},
+        "attention_maps": {f"maps/synthetic/pretrain/cpu96/{m}"
+                           for m in ("teacher", "linear", "focused")},
         "attention_figure": {"figures/attention_maps.png"}}
 
 
@@ -350,13 +361,13 @@ def test_a_failing_cell_does_not_poison_the_others(project):
         run = tiny(project)
         assert run.returncode == 0, run.stderr[-2000:]
         main = (project / "results" / "tables" / "main.md").read_text()
-        assert "| synthetic | cpu96 | copy_mlp | " in main
+        assert "| synthetic | pretrain | cpu96 | copy_mlp | " in main
         rows = [r for r in main.splitlines() if "| copy_mlp |" in r or "| random |" in r]
         assert all(r.split("|")[5].strip() == "failed" for r in rows), main   # focused column
         assert all(re.match(r"\d+\.\d\d", r.split("|")[4].strip()) for r in rows), main
         report = (project / "results" / "report.md").read_text()
         assert "focused is broken" in report
-        failed = project / "results" / "maps" / "synthetic" / "cpu96" / "focused" / "record.json"
+        failed = project / "results/maps/synthetic/pretrain/cpu96/focused/record.json"
         assert json.loads(failed.read_text())["status"] == "failed"    # the figure leaves it out
         figure = project / "results" / "figures" / "attention_maps.png"
         assert figure.stat().st_mtime_ns > failed.stat().st_mtime_ns     # and is drawn anyway
@@ -405,11 +416,11 @@ def test_an_interrupted_workflow_resumes_without_recomputing(project):
     # one core: one job at a time
     args = ["--cores", "1", "--configfile", "config/tiny.yaml", "--config", f"results={results}"]
     # First exactly one cell and its teacher, so the jobs finished before the interrupt are known.
-    cell = results / "cells/synthetic/cpu96/linear/random/none/seed0/record.json"
+    cell = results / "cells/synthetic/pretrain/cpu96/linear/random/none/seed0/record.json"
     first = snakemake(project, str(cell), *args)
     assert first.returncode == 0, first.stderr[-2000:]
     finished = {p: p.stat().st_mtime_ns for p in results.glob("**/record.json")}
-    assert set(finished) == {cell, results / "teachers/synthetic/cpu96/record.json"}
+    assert set(finished) == {cell, results / "teachers/synthetic/pretrain/cpu96/record.json"}
     # Then the whole grid, interrupted as Ctrl-C in a terminal does: SIGINT to the process group
     # (Snakemake, job shells, jobs) while a training job is frozen, which gets it on SIGCONT. A
     # shell without job control starts background commands with SIGINT ignored, and children
@@ -447,10 +458,62 @@ def test_dense_target_fine_tunes_teacher_and_student_backbones(project):
     run = tiny(project, "dense")
     assert run.returncode == 0, run.stderr[-3000:]
     table = (project / "results" / "tables" / "dense.md").read_text()
-    rows = [r for r in table.splitlines() if "| synthetic | cpu96 |" in r]
-    assert [r.split("|")[3].strip() for r in rows] == ["softmax teacher",
+    rows = [r for r in table.splitlines() if "| synthetic | pretrain | cpu96 |" in r]
+    assert [r.split("|")[4].strip() for r in rows] == ["softmax teacher",
                                                        "linear copy_mlp+distill"]
     for row in rows:                       # mIoU, aAcc, box AP, mask AP: all measured
-        assert all(re.match(r"\d+\.\d\d$", v.strip()) for v in row.split("|")[4:8]), row
+        assert all(re.match(r"\d+\.\d\d$", v.strip()) for v in row.split("|")[5:9]), row
     assert (project / "results" / "figures" / "dense.png").stat().st_size > 0
     assert "s per training step" in (project / "results" / "dense.md").read_text()
+
+
+def mocov3_backbone_file(path: Path) -> Path:
+    """A headless cpu96 backbone (28 px, one channel) saved in MoCo v3's training layout."""
+    import torch
+
+    from linvit.models import ModelSpec, create_vit
+    state = create_vit(ModelSpec("cpu96", "softmax", 0, 28, 1)).state_dict()
+    torch.save({"epoch": 1, "state_dict": {f"module.base_encoder.{k}": v
+                                           for k, v in state.items()}}, path)
+    return path
+
+
+def test_the_teacher_axis_runs_pretrained_selected_and_probed_teachers(tmp_path, mnist_root):
+    """Three teachers of the same students: pretrained at their size, pretrained wider and cut
+    down by weight selection, and a self-supervised (headless) import given a head by a linear
+    probe; each job through the workflow, and the tables put the teachers side by side."""
+    path = copy_project(tmp_path)
+    config = tiny_config("results", mnist_root)
+    stage = config["stages"]["teacher"]
+    config.update(operators=["linear"], strategies=["copy_mlp", "copy_mlp+distill"],
+                  teachers={"pretrain": {"source": "pretrain"},
+                            "wide": {"source": "pretrain", "size": "cpu192",
+                                     "students": ["cpu96"]},
+                            "ssl": {"source": "timm", "size": "cpu96", "layout": "mocov3",
+                                    "file": str(mocov3_backbone_file(tmp_path / "moco.pth")),
+                                    "headless": True, "probe": {"mode": "linear", **stage}}})
+    for key in ("loss_grid", "dense", "robustness", "bench"):
+        del config[key]
+    (path / "config" / "axis.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    run = snakemake(path, "--cores", "2", "--configfile", "config/axis.yaml")
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = path / "results"
+    frame = pd.read_csv(results / "results.csv")
+    assert set(frame["status"]) == {"ok"}, frame[["kind", "teacher", "init", "status", "error"]]
+    teachers = frame[frame["kind"] == "teacher"].set_index(["teacher", "size"])["stage"]
+    assert teachers.to_dict() == {("pretrain", "cpu96"): "pretrain",
+                                  ("wide", "cpu192"): "pretrain", ("wide", "cpu96"): "select",
+                                  ("ssl", "cpu96"): "probe"}
+    selected = json.loads((results / "teachers/synthetic/wide/cpu96/selected.json").read_text())
+    assert selected["teacher"] == "results/teachers/synthetic/wide/cpu192/model.safetensors"
+    probe = yaml.safe_load((results / "teachers/synthetic/ssl/cpu96/config.yaml").read_text())
+    assert probe["config"]["teacher"] == "results/imports/synthetic/ssl/cpu96/model.safetensors"
+    # each cell was taught by its own teacher model
+    for teacher in ("pretrain", "wide", "ssl"):
+        cell = results / f"cells/synthetic/{teacher}/cpu96/linear/copy_mlp/none/seed0"
+        cfg = yaml.safe_load((cell / "config.yaml").read_text())["config"]
+        assert cfg["teacher"] == f"results/teachers/synthetic/{teacher}/cpu96/model.safetensors"
+    by_teacher = pd.read_csv(results / "tables" / "by_teacher.csv")
+    assert {"pretrain", "wide", "ssl"} <= set(by_teacher.columns)
+    main = (results / "tables" / "main.md").read_text()
+    assert "teacher (selected)" in main and "teacher (imported, probed)" in main

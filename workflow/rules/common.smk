@@ -24,6 +24,7 @@ REPORT = f"{PYTHON} -m linvit.report.cli"
 
 wildcard_constraints:
     dataset="[^/]+",
+    teacher="[^/]+",
     size="[^/]+",
     operator="[^/]+",
     init="[^/]+",
@@ -43,15 +44,16 @@ def registry_dataset(name):
 
 
 def teacher_dir(wc):
-    return grid.teacher_dir(RESULTS, wc.dataset, wc.size)
+    return grid.teacher_dir(RESULTS, wc.dataset, wc.teacher, wc.size)
 
 
 def distill_dir(wc):
-    return grid.distill_dir(RESULTS, wc.dataset, wc.size, wc.operator, wc.loss)
+    return grid.distill_dir(RESULTS, wc.dataset, wc.teacher, wc.size, wc.operator, wc.loss)
 
 
 def cell_of(wc):
-    return grid.Cell(wc.dataset, wc.size, wc.operator, wc.init, wc.loss, int(wc.seed))
+    return grid.Cell(wc.dataset, wc.teacher, wc.size, wc.operator, wc.init, wc.loss,
+                     int(wc.seed))
 
 
 # Every job: run linvit, then write a record (ok or failed), so one failing job shows as failed

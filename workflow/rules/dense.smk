@@ -6,7 +6,7 @@ SCENES = f"{RESULTS}/scenes"
 
 
 def dense_job(wc):
-    return grid.DenseJob(wc.task, wc.dataset, wc.size, wc.backbone)
+    return grid.DenseJob(wc.task, wc.dataset, wc.teacher, wc.size, wc.backbone)
 
 
 def backbone_dir(wc):
@@ -34,11 +34,11 @@ rule dense_job:
         code=lambda wc: code(wc.task, ["softmax", dense_job(wc).key()["operator"]], [],
                              [registry_dataset(wc.dataset)]),
     output:
-        record=f"{RESULTS}/dense/{{task}}/{{dataset}}/{{size}}/{{backbone}}/record.json",
+        record=f"{RESULTS}/dense/{{task}}/{{dataset}}/{{teacher}}/{{size}}/{{backbone}}/record.json",
     log:
-        f"{RESULTS}/logs/dense/{{task}}/{{dataset}}/{{size}}/{{backbone}}.log",
+        f"{RESULTS}/logs/dense/{{task}}/{{dataset}}/{{teacher}}/{{size}}/{{backbone}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/dense/{{task}}/{{dataset}}/{{size}}/{{backbone}}.tsv"
+        f"{RESULTS}/benchmarks/dense/{{task}}/{{dataset}}/{{teacher}}/{{size}}/{{backbone}}.tsv"
     wildcard_constraints:
         task="segment|detect",
     params:

@@ -1,7 +1,7 @@
 # Collection and reporting: records -> results.csv -> tables, figures -> report.md.
-TABLES = ["main", "loss_design", "by_dataset", "by_size"]
+TABLES = ["main", "loss_design", "by_dataset", "by_teacher", "by_size"]
 FIGURES = ["accuracy_by_init", "time_to_accuracy", "distill_layers"]
-FIRST = grid.attention_panel(config)   # (dataset, size) of the attention-map figure
+FIRST = grid.attention_panel(config)   # (dataset, teacher, size) of the attention-map figure
 
 
 def in_report(path, caption, category, **labels):
@@ -10,7 +10,8 @@ def in_report(path, caption, category, **labels):
 
 
 def all_records():
-    records = [f"{grid.teacher_dir(RESULTS, d, s)}/record.json" for d, s in grid.teachers(CELLS)]
+    records = [f"{grid.teacher_dir(RESULTS, *t)}/record.json"
+               for t in grid.teachers(config, CELLS)]
     records += [f"{grid.distill_dir(RESULTS, *k)}/record.json" for k in grid.distillations(CELLS)]
     return records + [f"{grid.cell_dir(RESULTS, c)}/record.json" for c in CELLS]
 
@@ -84,7 +85,7 @@ rule figures:
 
 
 # The attention-map figure: one `linvit attention-maps` job per model drawn (the teacher of the
-# first dataset and size, and each operator's student distilled with the main loss) stores its
+# first dataset, teacher and size, and each operator's student distilled with the main loss) stores its
 # maps; the figure reads those files only.
 
 
@@ -98,14 +99,15 @@ def maps_student(wc):
     """The distillation whose student the job maps, or None for the teacher's own maps."""
     if wc.model == grid.MAPS_TEACHER:
         return None
-    return grid.distill_dir(RESULTS, wc.dataset, wc.size, wc.model, config["main_loss"])
+    return grid.distill_dir(RESULTS, wc.dataset, wc.teacher, wc.size, wc.model,
+                            config["main_loss"])
 
 
 def maps_args(wc):
     student = maps_student(wc)
-    return grid.maps_args(config, wc.dataset, wc.size, f"{teacher_dir(wc)}/model.safetensors",
+    return grid.maps_args(config, wc.dataset, f"{teacher_dir(wc)}/model.safetensors",
                           f"{student}/model.safetensors" if student else None,
-                          grid.maps_dir(RESULTS, wc.dataset, wc.size, wc.model))
+                          grid.maps_dir(RESULTS, wc.dataset, wc.teacher, wc.size, wc.model))
 
 
 rule attention_maps:
@@ -116,17 +118,18 @@ rule attention_maps:
                              ["softmax"] + ([wc.model] if maps_student(wc) else []), [],
                              [registry_dataset(wc.dataset)]),
     output:
-        record=f"{RESULTS}/maps/{{dataset}}/{{size}}/{{model}}/record.json",
+        record=f"{RESULTS}/maps/{{dataset}}/{{teacher}}/{{size}}/{{model}}/record.json",
     log:
-        f"{RESULTS}/logs/maps/{{dataset}}/{{size}}/{{model}}.log",
+        f"{RESULTS}/logs/maps/{{dataset}}/{{teacher}}/{{size}}/{{model}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/maps/{{dataset}}/{{size}}/{{model}}.tsv"
+        f"{RESULTS}/benchmarks/maps/{{dataset}}/{{teacher}}/{{size}}/{{model}}.tsv"
     wildcard_constraints:
         model="[^/]+",
     params:
         kind="maps",
-        dir=lambda wc: grid.maps_dir(RESULTS, wc.dataset, wc.size, wc.model),
-        key=lambda wc: json.dumps({"dataset": wc.dataset, "size": wc.size,
+        dir=lambda wc: grid.maps_dir(RESULTS, wc.dataset, wc.teacher, wc.size, wc.model),
+        key=lambda wc: json.dumps({"dataset": wc.dataset, "teacher": wc.teacher,
+                                   "size": wc.size,
                                    "operator": "softmax" if wc.model == grid.MAPS_TEACHER
                                    else wc.model,
                                    "model": "teacher" if wc.model == grid.MAPS_TEACHER

@@ -2,7 +2,7 @@
 # (`linvit corrupt`), then every teacher and cell scored on it and on the ImageNet shift sets
 # (`linvit robustness`); tables/robustness.*, figures/robustness.* and a section of report.md.
 ROBUST = grid.robustness_section(config)
-ROBUST_TARGETS = grid.robustness_targets(CELLS) if ROBUST else []
+ROBUST_TARGETS = grid.robustness_targets(config, CELLS) if ROBUST else []
 
 
 def corrupted_file(dataset):
@@ -42,26 +42,33 @@ def robustness_args(wc, model_dir, out_dir):
                                 out_dir)
 
 
+def teacher_robustness_dir(wc):
+    return grid.robustness_dir(RESULTS, wc.dataset, wc.teacher, wc.size)
+
+
 rule robustness_teacher:
     input:
         unpack(lambda wc: robustness_inputs(wc.dataset, f"{teacher_dir(wc)}/record.json")),
         code=lambda wc: code("robustness", ["softmax"], [], [registry_dataset(wc.dataset)]),
     output:
-        record=f"{RESULTS}/robustness/teachers/{{dataset}}/{{size}}/record.json",
+        record=f"{RESULTS}/robustness/teachers/{{dataset}}/{{teacher}}/{{size}}/record.json",
     log:
-        f"{RESULTS}/logs/robustness/teachers/{{dataset}}/{{size}}.log",
+        f"{RESULTS}/logs/robustness/teachers/{{dataset}}/{{teacher}}/{{size}}.log",
     params:
         kind="robustness",
-        dir=lambda wc: f"{grid.robustness_dir(RESULTS, wc.dataset, wc.size)}/run",
-        key=lambda wc: json.dumps({"dataset": wc.dataset, "size": wc.size,
-                                   "operator": "softmax", "init": "teacher"}),
-        args=lambda wc: robustness_args(
-            wc, teacher_dir(wc), f"{grid.robustness_dir(RESULTS, wc.dataset, wc.size)}/run"),
+        dir=lambda wc: f"{teacher_robustness_dir(wc)}/run",
+        key=lambda wc: json.dumps({"dataset": wc.dataset, "teacher": wc.teacher,
+                                   "size": wc.size, "operator": "softmax", "init": "teacher"}),
+        args=lambda wc: robustness_args(wc, teacher_dir(wc), f"{teacher_robustness_dir(wc)}/run"),
     threads: 1
     resources:
         gpu=0,
     shell:
         RUN_AND_RECORD
+
+
+def cell_robustness_dir(wc):
+    return grid.robustness_dir(RESULTS, wc.dataset, wc.teacher, wc.size, cell_of(wc))
 
 
 rule robustness_cell:
@@ -70,16 +77,15 @@ rule robustness_cell:
             wc.dataset, f"{grid.cell_dir(RESULTS, cell_of(wc))}/record.json")),
         code=lambda wc: code("robustness", [wc.operator], [], [registry_dataset(wc.dataset)]),
     output:
-        record=f"{RESULTS}/robustness/cells/{{dataset}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}/record.json",
+        record=f"{RESULTS}/robustness/cells/{{dataset}}/{{teacher}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}/record.json",
     log:
-        f"{RESULTS}/logs/robustness/cells/{{dataset}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}.log",
+        f"{RESULTS}/logs/robustness/cells/{{dataset}}/{{teacher}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}.log",
     params:
         kind="robustness",
-        dir=lambda wc: grid.robustness_dir(RESULTS, wc.dataset, wc.size, cell_of(wc)) + "/run",
+        dir=lambda wc: cell_robustness_dir(wc) + "/run",
         key=lambda wc: json.dumps(cell_of(wc).as_dict()),
-        args=lambda wc: robustness_args(
-            wc, grid.cell_dir(RESULTS, cell_of(wc)),
-            grid.robustness_dir(RESULTS, wc.dataset, wc.size, cell_of(wc)) + "/run"),
+        args=lambda wc: robustness_args(wc, grid.cell_dir(RESULTS, cell_of(wc)),
+                                        cell_robustness_dir(wc) + "/run"),
     threads: 1
     resources:
         gpu=0,
@@ -88,7 +94,7 @@ rule robustness_cell:
 
 
 def robustness_records():
-    return [f"{grid.robustness_dir(RESULTS, d, s, c)}/record.json" for d, s, c in ROBUST_TARGETS]
+    return [f"{grid.robustness_dir(RESULTS, *t)}/record.json" for t in ROBUST_TARGETS]
 
 
 rule robustness_report:

@@ -1,4 +1,5 @@
-# Distillation (one per dataset, size, operator and loss design) and the fine-tuned cells.
+# Distillation (one per dataset, teacher, size, operator and loss design) and the fine-tuned
+# cells.
 
 
 rule distill:
@@ -7,18 +8,19 @@ rule distill:
         code=lambda wc: code("distill", ["softmax", wc.operator],
                              list(config["losses"][wc.loss]), [registry_dataset(wc.dataset)]),
     output:
-        record=f"{RESULTS}/distill/{{dataset}}/{{size}}/{{operator}}/{{loss}}/record.json",
+        record=f"{RESULTS}/distill/{{dataset}}/{{teacher}}/{{size}}/{{operator}}/{{loss}}/record.json",
     log:
-        f"{RESULTS}/logs/distill/{{dataset}}/{{size}}/{{operator}}/{{loss}}.log",
+        f"{RESULTS}/logs/distill/{{dataset}}/{{teacher}}/{{size}}/{{operator}}/{{loss}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/distill/{{dataset}}/{{size}}/{{operator}}/{{loss}}.tsv"
+        f"{RESULTS}/benchmarks/distill/{{dataset}}/{{teacher}}/{{size}}/{{operator}}/{{loss}}.tsv"
     params:
         kind="distill",
         dir=distill_dir,
-        key=lambda wc: json.dumps({"dataset": wc.dataset, "size": wc.size,
-                                   "operator": wc.operator, "loss": wc.loss}),
-        args=lambda wc: grid.distill_args(config, wc.dataset, wc.size, wc.operator, wc.loss,
-                                          f"{teacher_dir(wc)}/model.safetensors", distill_dir(wc)),
+        key=lambda wc: json.dumps({"dataset": wc.dataset, "teacher": wc.teacher,
+                                   "size": wc.size, "operator": wc.operator, "loss": wc.loss}),
+        args=lambda wc: grid.distill_args(config, wc.dataset, wc.teacher, wc.size, wc.operator,
+                                          wc.loss, f"{teacher_dir(wc)}/model.safetensors",
+                                          distill_dir(wc)),
     threads: 1
     resources:
         gpu=0,
@@ -44,11 +46,11 @@ rule finetune:
         code=lambda wc: code("finetune", ["softmax", wc.operator], [],
                              [registry_dataset(wc.dataset)]),
     output:
-        record=f"{RESULTS}/cells/{{dataset}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}/record.json",
+        record=f"{RESULTS}/cells/{{dataset}}/{{teacher}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}/record.json",
     log:
-        f"{RESULTS}/logs/cells/{{dataset}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}.log",
+        f"{RESULTS}/logs/cells/{{dataset}}/{{teacher}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/cells/{{dataset}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}.tsv"
+        f"{RESULTS}/benchmarks/cells/{{dataset}}/{{teacher}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}.tsv"
     params:
         kind="cell",
         dir=lambda wc: grid.cell_dir(RESULTS, cell_of(wc)),

@@ -48,6 +48,15 @@ def cell_text(group: pd.DataFrame, metric: str, count_seeds: bool = True) -> str
     return mean_ci(ok) + (f" ({len(ok)}/{len(group)} seeds)" if incomplete else "")
 
 
+def rows_where(frame: pd.DataFrame, names, values) -> pd.DataFrame:
+    """The rows whose columns `names` equal `values`, a missing value matching only missing ones
+    (records made before a key existed leave it empty)."""
+    mask = pd.Series(True, index=frame.index)
+    for name, value in zip(names, values):
+        mask &= frame[name].isna() if pd.isna(value) else frame[name] == value
+    return frame[mask]
+
+
 def rank(order: list | None, value) -> tuple:
     order = order or []
     return (order.index(value), "") if value in order else (len(order), str(value))

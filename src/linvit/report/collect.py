@@ -13,7 +13,7 @@ import pandas as pd
 from linvit.io import read_jsonl
 from linvit.trees import flatten
 
-KEY = ["kind", "task", "dataset", "size", "operator", "init", "loss", "seed"]
+KEY = ["kind", "task", "dataset", "teacher", "size", "operator", "init", "loss", "seed"]
 METRICS = ["top1", "top5", "loss", "train_time_s", "epochs", "params", "eval_img_per_s",
            "train_img_per_s", "mIoU", "aAcc", "box_AP", "mask_AP", "step_s"]
 
@@ -63,16 +63,15 @@ def _integers_stay_integers(frame: pd.DataFrame, rows: list[dict]) -> pd.DataFra
 def curves_frame(records: list[dict]) -> pd.DataFrame:
     """Test accuracy against training compute, per job: the init point, then each evaluated
     epoch. `compute_s` adds the distillation time to students built from a distilled model."""
-    distill_time = {(r["key"]["dataset"], r["key"]["size"], r["key"]["operator"], r["key"]["loss"]):
-                    r["metrics"]["train_time_s"]
+    job = ("dataset", "teacher", "size", "operator", "loss")          # a distillation's key
+    distill_time = {tuple(r["key"].get(k) for k in job): r["metrics"]["train_time_s"]
                     for r in records if r["kind"] == "distill" and r["status"] == "ok"}
     rows = []
     for r in records:
         if r["status"] != "ok" or r["kind"] in ("distill", "dense"):
             continue
         k = r["key"]
-        offset = distill_time.get((k.get("dataset"), k.get("size"), k.get("operator"),
-                                   k.get("loss")), 0.0)
+        offset = distill_time.get(tuple(k.get(name) for name in job), 0.0)
         base = {**_key(r)}
         init = r["metrics"].get("init")
         if init:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from linvit.io import write_text
 from linvit.render.plotting import new_figure, save
-from linvit.render.tables import cell_text, rank, to_markdown, write_table
+from linvit.render.tables import cell_text, rank, rows_where, to_markdown, write_table
 
 COLUMNS = [("segment", "mIoU"), ("segment", "aAcc"), ("detect", "box_AP"),
            ("detect", "mask_AP")]
@@ -24,19 +24,17 @@ def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
     dense = results[results["kind"] == "dense"]
     rows, index = [], []
     order = {"init": ["teacher"] + orders.get("init", []), "operator": orders.get("operator", [])}
-    keys = sorted({(d, s, o, i) for d, s, o, i in zip(dense["dataset"], dense["size"],
-                                                       dense["operator"], dense["init"])},
-                  key=lambda k: (k[0], k[1], rank(order["init"], k[3]),
-                                 rank(order["operator"], k[2])))
-    for dataset, size, op, init in keys:
-        part = dense[(dense["dataset"] == dataset) & (dense["size"] == size)
-                     & (dense["operator"] == op) & (dense["init"] == init)]
+    names = ["dataset", "teacher", "size", "operator", "init"]
+    keys = sorted({tuple(k) for k in dense[names].itertuples(index=False)},
+                  key=lambda k: (*(rank(orders.get(n), v) for n, v in zip(names[:3], k)),
+                                 rank(order["init"], k[4]), rank(order["operator"], k[3])))
+    for key in keys:
+        part, (*group, op, init) = rows_where(dense, names, key), key
         rows.append([cell_text(part[part["task"] == task], metric, count_seeds=False)
                      for task, metric in COLUMNS])
-        index.append((dataset, size, "softmax teacher" if init == "teacher" else f"{op} {init}"))
+        index.append((*group, "softmax teacher" if init == "teacher" else f"{op} {init}"))
     return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in COLUMNS],
-                        index=pd.MultiIndex.from_tuples(index, names=["dataset", "size",
-                                                                      "backbone"]))
+                        index=pd.MultiIndex.from_tuples(index, names=[*names[:3], "backbone"]))
 
 
 def dense_figure(table: pd.DataFrame, out: Path) -> None:

@@ -32,31 +32,33 @@ CLAIMS = [
 
 
 def strategy_means(results: pd.DataFrame, main_loss: str) -> dict[tuple, dict[str, float]]:
-    """(dataset, size, operator) -> init strategy -> mean top-1; 'softmax' holds the softmax
-    reference fine-tuned with copy_all."""
+    """(dataset / teacher / size, operator) -> init strategy -> mean top-1; 'softmax' holds the
+    softmax reference fine-tuned with copy_all."""
     ok = results[(results["kind"] == "cell") & (results["status"] == "ok")
                  & results["loss"].isin([main_loss, "none"])]
-    means = ok.groupby(["dataset", "size", "operator", "init"])["top1"].mean()
+    means = ok.groupby(["dataset", "teacher", "size", "operator", "init"], dropna=False)["top1"]
     out: dict[tuple, dict[str, float]] = {}
-    for (dataset, size, op, init), value in means.items():
-        out.setdefault((dataset, size, op), {})[init] = float(value)
-    for (dataset, size, _op), row in out.items():
-        ref = out.get((dataset, size, "softmax"), {}).get("copy_all")
+    for (*group, op, init), value in means.mean().items():
+        where = " / ".join(str(v) for v in group if not pd.isna(v))
+        out.setdefault((where, op), {})[init] = float(value)
+    for (where, _op), row in out.items():
+        ref = out.get((where, "softmax"), {}).get("copy_all")
         if ref is not None:
             row["softmax"] = ref
-    return {k: v for k, v in out.items() if k[2] != "softmax"}
+    return {k: v for k, v in out.items() if k[1] != "softmax"}
 
 
 def claims_table(results: pd.DataFrame, main_loss: str) -> str:
-    lines = ["| claim | dataset / size | operator | numbers | verdict |", "|---|---|---|---|---|"]
-    for (dataset, size, op), m in strategy_means(results, main_loss).items():
+    lines = ["| claim | dataset / teacher / size | operator | numbers | verdict |",
+             "|---|---|---|---|---|"]
+    for (where, op), m in strategy_means(results, main_loss).items():
         for text, test, needed in CLAIMS:
             if all(k in m for k in needed):
                 numbers = ", ".join(f"{k} {m[k]:.2f}" for k in needed)
                 verdict = "holds" if test(m) else "**does not hold**"
             else:
                 numbers, verdict = "cells not in this grid or failed", "not tested"
-            lines.append(f"| {text} | {dataset} / {size} | {op} | {numbers} | {verdict} |")
+            lines.append(f"| {text} | {where} | {op} | {numbers} | {verdict} |")
     return "\n".join(lines) + "\n"
 
 
@@ -89,7 +91,8 @@ def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], o
              "on each dataset's test split, mean ± 95% CI over seeds (a single seed shows the "
              "value alone).\n"]
     sections = [("Main table", "main"), ("Loss design", "loss_design"),
-                ("By dataset", "by_dataset"), ("By model size", "by_size")]
+                ("By dataset", "by_dataset"), ("By teacher", "by_teacher"),
+                ("By model size", "by_size")]
     for heading, name in sections:
         parts += [f"## {heading}\n", (Path(tables_dir) / f"{name}.md").read_text(),
                   f"CSV and LaTeX: `{rel(Path(tables_dir) / name)}.csv`, `.tex`\n"]
@@ -108,10 +111,10 @@ def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], o
 
 
 def job_name(row) -> str:
-    """kind dataset/size/operator/init/loss/seedN, leaving out what the job has not (a teacher
-    has no operator, init, loss or seed of its own)."""
-    parts = [str(v) for v in (row.dataset, row.size, row.operator, row.init, row.loss)
-             if not pd.isna(v)]
+    """kind dataset/teacher/size/operator/init/loss/seedN, leaving out what the job has not (a
+    teacher has no operator, init, loss or seed of its own)."""
+    parts = [str(v) for v in (row.dataset, row.teacher, row.size, row.operator, row.init,
+                              row.loss) if not pd.isna(v)]
     seed = [] if pd.isna(row.seed) else [f"seed{int(row.seed)}"]
     return f"{row.kind} " + "/".join(parts + seed)
 

@@ -12,23 +12,27 @@ from pathlib import Path
 import pandas as pd
 
 from linvit.render.plotting import new_figure, save
-from linvit.render.tables import summarize
+from linvit.render.tables import rows_where, summarize
 
 
 def _ok(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"] == "ok"] if "status" in frame else frame
 
 
+GROUP = ["dataset", "teacher", "size"]           # one teacher model: one panel
+
+
 def _panels(frame: pd.DataFrame) -> list[tuple]:
-    return list(dict.fromkeys(zip(frame["dataset"], frame["size"])))
+    return list(dict.fromkeys(zip(*(frame[k] for k in GROUP))))
+
 
 
 def accuracy_by_init(results: pd.DataFrame, orders: dict, main_loss: str, out: Path) -> None:
     cells = _ok(results[(results["kind"] == "cell") & results["loss"].isin([main_loss, "none"])])
     panels = _panels(cells)
     fig, axes = new_figure(len(panels), width=7.5)
-    for ax, (dataset, size) in zip(axes, panels):
-        part = cells[(cells["dataset"] == dataset) & (cells["size"] == size)]
+    for ax, panel in zip(axes, panels):
+        part = rows_where(cells, GROUP, panel)
         inits = [i for i in orders["init"] if i in set(part["init"])]
         ops = [o for o in orders["operator"] if o in set(part["operator"])]
         width = 0.8 / max(len(ops), 1)
@@ -38,13 +42,12 @@ def accuracy_by_init(results: pd.DataFrame, orders: dict, main_loss: str, out: P
             xs = [k + (j - (len(ops) - 1) / 2) * width for k in range(len(inits))]
             ax.bar(xs, [s[0] for s in stats], width, label=op,
                    yerr=[s[1] or 0 for s in stats], capsize=2)
-        teacher = _ok(results[(results["kind"] == "teacher") & (results["dataset"] == dataset)
-                              & (results["size"] == size)])["top1"]
+        teacher = _ok(rows_where(results[results["kind"] == "teacher"], GROUP, panel))["top1"]
         if len(teacher):
             ax.axhline(float(teacher.mean()), color="k", ls="--", lw=1, label="softmax teacher")
         ax.set_xticks(range(len(inits)), inits, rotation=30, ha="right")
         ax.set_ylabel("test top-1 (%)")
-        ax.set_title(f"{dataset} / {size}")
+        ax.set_title(" / ".join(str(v) for v in panel if not pd.isna(v)))
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     save(fig, out)
 
@@ -55,10 +58,13 @@ def time_to_accuracy(curves: pd.DataFrame, orders: dict, out: Path) -> None:
     fig, axes = new_figure(len(ops), width=4.0)
     for ax, op in zip(axes, ops):
         part = cells[cells["operator"] == op]
-        for (init, loss), run in part.groupby(["init", "loss"], sort=False):
+        several = part["teacher"].nunique() > 1
+        for (teacher, init, loss), run in part.groupby(["teacher", "init", "loss"], sort=False,
+                                                       dropna=False):
             mean = run.groupby("epoch").agg(compute_s=("compute_s", "mean"),
                                             test_top1=("test_top1", "mean"))
-            label = init if loss == "none" else f"{init} [{loss}]"
+            label = (init if loss == "none" else f"{init} [{loss}]") + (
+                f" ({teacher})" if several else "")
             ax.plot(mean["compute_s"], mean["test_top1"], marker="o", ms=3, label=label)
         ax.set_xlabel("student training compute (s; distillation included)")
         ax.set_ylabel("test top-1 (%)")
@@ -74,11 +80,12 @@ def distill_layers(layers: pd.DataFrame, out: Path) -> None:
     fig, axes = new_figure(len(metrics), width=4.2)
     for ax, metric in zip(axes, metrics):
         part = layers[layers["metric"] == metric]
-        for (dataset, size, op, loss), run in part.groupby(
-                ["dataset", "size", "operator", "loss"], sort=False):
+        for key, run in part.groupby(GROUP + ["operator", "loss"], sort=False, dropna=False):
+            *panel, op, loss = key
             run = run.sort_values("layer")
+            where = "/".join(str(v) for v in panel if not pd.isna(v))
             ax.plot(run["layer"], run["value"], marker="o", ms=3,
-                    label=f"{op} [{loss}] {dataset}/{size}")
+                    label=f"{op} [{loss}] {where}")
         ax.set_xlabel("layer")
         ax.set_yscale("log")
         ax.set_title("relative attention-output error" if metric == "rel_err" else metric)

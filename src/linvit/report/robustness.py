@@ -16,10 +16,11 @@ import pandas as pd
 
 from linvit.io import write_text
 from linvit.render.plotting import new_figure, save
-from linvit.render.tables import cell_text, rank, to_markdown, write_table
+from linvit.render.tables import cell_text, rank, rows_where, to_markdown, write_table
 from linvit.robustness.shifts import SHIFTS
 
-KEY = ["dataset", "size", "operator", "init", "loss", "seed"]
+KEY = ["dataset", "teacher", "size", "operator", "init", "loss", "seed"]
+GROUP = ["dataset", "teacher", "size"]           # one teacher model and the cells it taught
 TEACHER = "teacher"
 CAPTION = ("Robustness: clean test top-1, ImageNet-C-style corruptions (mean over types and "
            "severities; kept: % of the clean accuracy on the same images; vs teacher: points) "
@@ -44,8 +45,8 @@ def robustness_frame(records: list[dict], grid_cells: list[dict]) -> pd.DataFram
         rows.append(row)
     seen = {tuple(row[k] for k in KEY) for row in rows}
     for cell in grid_cells:
-        if tuple(cell[k] for k in KEY) not in seen:
-            rows.append({**{k: cell[k] for k in KEY}, "status": "missing"})
+        if tuple(cell.get(k) for k in KEY) not in seen:
+            rows.append({**{k: cell.get(k) for k in KEY}, "status": "missing"})
     return pd.DataFrame(rows, columns=list(dict.fromkeys(KEY + ["status"] + [
         k for row in rows for k in row])))
 
@@ -72,17 +73,19 @@ def robustness_table(frame: pd.DataFrame, orders: dict) -> pd.DataFrame:
         rows.append([cell_text(group, column) for column, _ in columns])
         index.append(key)
     return pd.DataFrame(rows, columns=[title for _, title in columns],
-                        index=pd.MultiIndex.from_tuples(index, names=["dataset", "size",
-                                                                      "model"]))
+                        index=pd.MultiIndex.from_tuples(index, names=[*GROUP, "model"]))
 
 
 def _with_teacher_difference(frame: pd.DataFrame) -> pd.DataFrame:
-    """vs_teacher: a model's mean corruption accuracy minus its teacher's (same dataset, size)."""
+    """vs_teacher: a model's mean corruption accuracy minus its teacher model's (same dataset,
+    teacher and size)."""
     if "corruption_mean" not in frame:
         return frame
-    teachers = frame[(frame["init"] == TEACHER) & (frame["status"] == "ok")]
-    base = teachers.groupby(["dataset", "size"])["corruption_mean"].mean()
-    pairs = zip(frame["dataset"], frame["size"])
+    group = frame[GROUP].fillna("")          # an empty key matches an empty key
+    ok_teacher = (frame["init"] == TEACHER) & (frame["status"] == "ok")
+    base = frame[ok_teacher].groupby([group[k][ok_teacher] for k in GROUP])["corruption_mean"]
+    base = base.mean()
+    pairs = zip(*(group[k] for k in GROUP))
     frame = frame.copy()
     frame["vs_teacher"] = [m - base.get(k, float("nan")) for m, k in
                            zip(frame["corruption_mean"], pairs)]
@@ -90,27 +93,31 @@ def _with_teacher_difference(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _model_groups(frame: pd.DataFrame, orders: dict):
-    """((dataset, size, model label), rows over seeds), teacher first, then grid order."""
+    """((dataset, teacher, size, model label), rows over seeds), teacher first, then grid
+    order."""
     order = {"init": [TEACHER] + orders.get("init", []),
              "operator": orders.get("operator", []), "loss": orders.get("loss", [])}
-    keys = sorted({tuple(k) for k in frame[["dataset", "size", "operator", "init", "loss"]]
-                   .itertuples(index=False)},
-                  key=lambda k: (k[0], k[1], k[3] != TEACHER, rank(order["operator"], k[2]),
-                                 rank(order["init"], k[3]), rank(order["loss"], k[4])))
-    for dataset, size, op, init, loss in keys:
-        group = frame[(frame["dataset"] == dataset) & (frame["size"] == size)
-                      & (frame["operator"] == op) & (frame["init"] == init)
-                      & (frame["loss"] == loss)]
+    names = GROUP + ["operator", "init", "loss"]
+    keys = sorted({tuple(k) for k in frame[names].itertuples(index=False)},
+                  key=lambda k: (*(rank(orders.get(n), v) for n, v in zip(GROUP, k)),
+                                 k[4] != TEACHER, rank(order["operator"], k[3]),
+                                 rank(order["init"], k[4]), rank(order["loss"], k[5])))
+    for key in keys:
+        *group, op, init, loss = key
         label = "softmax teacher" if init == TEACHER else f"{op} {init}" + (
             "" if loss in ("none", orders.get("main_loss")) else f" ({loss})")
-        yield (dataset, size, label), group
+        yield (*group, label), rows_where(frame, names, key)
 
 
 def robustness_figure(frame: pd.DataFrame, orders: dict, out: Path) -> None:
     """Mean accuracy over corruption types against severity (0: clean, same images), one panel
-    per operator with a line per init strategy, the teacher dashed in every panel."""
+    per operator with a line per init strategy, the teacher dashed in every panel; the first
+    dataset / teacher / size of the grid (the table has them all)."""
     severities = sorted(int(c.split("_")[1]) for c in frame.columns if c.startswith("severity_"))
     ok = frame[frame["status"] == "ok"]
+    groups = sorted({tuple(k) for k in ok[GROUP].itertuples(index=False)},
+                    key=lambda k: tuple(rank(orders.get(n), v) for n, v in zip(GROUP, k)))
+    ok = rows_where(ok, GROUP, groups[0] if groups else ())
     operators = [o for o in orders.get("operator", []) if o in set(ok["operator"])
                  and o != "softmax"] or ["softmax"]
     fig, axes = new_figure(len(operators), width=3.6)

@@ -1,9 +1,11 @@
 """results.csv -> tables (CSV, Markdown, LaTeX): mean and 95% CI of test top-1 over seeds.
 
-    main          rows: init strategy (+ the softmax teacher), columns: operator, per dataset/size
+    main          rows: init strategy (+ the softmax teacher), columns: operator, per
+                  dataset / teacher / size
     loss_design   rows: init strategy x loss design, columns: operator
-    by_dataset    rows: size x operator x init strategy, columns: dataset
-    by_size       rows: dataset x operator x init strategy, columns: size
+    by_dataset    rows: teacher x size x operator x init strategy, columns: dataset
+    by_teacher    rows: dataset x size x operator x init strategy, columns: teacher
+    by_size       rows: dataset x teacher x operator x init strategy, columns: size
 
 A grid cell that has not run reads "missing", one whose job failed "failed": never dropped.
 """
@@ -34,35 +36,48 @@ def pivot(frame: pd.DataFrame, index: list[str], columns: str, orders: dict) -> 
     return table
 
 
+GROUP = ["dataset", "teacher", "size"]           # what makes one teacher model
+# How a teacher model was made (its record's stage) -> its row's label
+TEACHER_LABELS = {"pretrain": "teacher (pretrained)", "import-teacher": "teacher (imported)",
+                  "probe": "teacher (imported, probed)", "select": "teacher (selected)"}
+
+
 def main_table(results: pd.DataFrame, orders: dict, main_loss: str) -> pd.DataFrame:
     cells = results[(results["kind"] == "cell") & results["loss"].isin([main_loss, "none"])]
-    table = pivot(cells, ["dataset", "size", "init"], "operator", orders)
+    table = pivot(cells, GROUP + ["init"], "operator", orders)
     teachers = results[results["kind"] == "teacher"]
     if len(teachers) and "softmax" not in table.columns:
         table["softmax"] = ""
-    for (dataset, size), group in teachers.groupby(["dataset", "size"], sort=False):
+    for key, group in teachers.groupby(GROUP, sort=False, dropna=False):
+        stage = group["stage"].iloc[0] if "stage" in group else "pretrain"
+        label = TEACHER_LABELS.get(stage, "teacher (pretrained)")
         row = pd.DataFrame([[format_cell(group) if c == "softmax" else "" for c in table.columns]],
                            columns=table.columns, index=pd.MultiIndex.from_tuples(
-                               [(dataset, size, "teacher (pretrained)")], names=table.index.names))
+                               [(*key, label)], names=table.index.names))
         table = pd.concat([row, table])
-    return table.sort_index(level=[0, 1], sort_remaining=False)
+    # teacher rows first within their group (a stable sort keeps them where concat put them)
+    keys = sorted(range(len(table)), key=lambda i: tuple(
+        rank(orders.get(name), table.index[i][j]) for j, name in enumerate(GROUP)))
+    return table.iloc[keys]
 
 
 def loss_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
     cells = results[(results["kind"] == "cell") & (results["loss"] != "none")]
-    return pivot(cells, ["dataset", "size", "init", "loss"], "operator", orders)
+    return pivot(cells, GROUP + ["init", "loss"], "operator", orders)
 
 
 def axis_table(results: pd.DataFrame, orders: dict, axis: str, main_loss: str) -> pd.DataFrame:
-    other = "size" if axis == "dataset" else "dataset"
+    """Cells of the main loss with `axis` (one of GROUP) as the columns."""
+    others = [name for name in GROUP if name != axis]
     cells = results[(results["kind"] == "cell") & results["loss"].isin([main_loss, "none"])]
-    return pivot(cells, [other, "operator", "init"], axis, orders)
+    return pivot(cells, others + ["operator", "init"], axis, orders)
 
 
 CAPTIONS = {
     "main": "Test top-1 (%) by init strategy and operator; mean ± 95% CI over seeds",
     "loss_design": "Test top-1 (%) by distillation loss design",
     "by_dataset": "Test top-1 (%) by dataset",
+    "by_teacher": "Test top-1 (%) by teacher",
     "by_size": "Test top-1 (%) by model size",
 }
 
@@ -72,6 +87,7 @@ def write_tables(results: pd.DataFrame, orders: dict, main_loss: str,
     tables = {"main": main_table(results, orders, main_loss),
               "loss_design": loss_table(results, orders),
               "by_dataset": axis_table(results, orders, "dataset", main_loss),
+              "by_teacher": axis_table(results, orders, "teacher", main_loss),
               "by_size": axis_table(results, orders, "size", main_loss)}
     for name, table in tables.items():
         write_table(table, Path(out_dir) / name, CAPTIONS[name])
