@@ -109,7 +109,8 @@ def test_paper_dag_has_the_full_grid(tmp_path):
     ops, seeds = len(paper["operators"]), len(paper["seeds"])
     sub = paper["loss_grid"]
     sub_cells = pairs * len(sub["operators"]) * len(sub["strategies"]) * len(sub["losses"]) * seeds
-    cells = pairs * ops * len(paper["strategies"]) * seeds + pairs * seeds + sub_cells
+    references = pairs * len(paper["reference_strategies"]) * seeds     # softmax rows
+    cells = pairs * ops * len(paper["strategies"]) * seeds + references + sub_cells
     distills = pairs * ops + pairs * len(sub["operators"]) * len(sub["losses"])
     # grid_document, collect, tables, figures, attention_figure, bench, report, all,
     # robustness_report
@@ -363,8 +364,8 @@ def test_a_failing_cell_does_not_poison_the_others(project):
         main = (project / "results" / "tables" / "main.md").read_text()
         assert "| synthetic | pretrain | cpu96 | copy_mlp | " in main
         rows = [r for r in main.splitlines() if "| copy_mlp |" in r or "| random |" in r]
-        assert all(r.split("|")[5].strip() == "failed" for r in rows), main   # focused column
-        assert all(re.match(r"\d+\.\d\d", r.split("|")[4].strip()) for r in rows), main
+        assert all(r.split("|")[6].strip() == "failed" for r in rows), main   # focused column
+        assert all(re.match(r"\d+\.\d\d", r.split("|")[5].strip()) for r in rows), main
         report = (project / "results" / "report.md").read_text()
         assert "focused is broken" in report
         failed = project / "results/maps/synthetic/pretrain/cpu96/focused/record.json"

@@ -26,6 +26,8 @@ def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
     from linvit.data import get_dataset
     from linvit.dense.scenes import verify_scenes
     from linvit.models import SIZES, read_spec, read_state_dict
+    from linvit.models.checkpoint import read_metadata
+    from linvit.transfer.attention_copy import MAPS_KEY
 
     if cfg.data.kind != "scenes" and (cfg.data.kind == "coco") != (task == "detect"):
         raise ConfigError(f"data.kind: {cfg.data.kind!r} does not fit {task}")
@@ -38,6 +40,10 @@ def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
         verify_scenes(cfg.data.root)
     spec = read_spec(cfg.checkpoint)
     read_state_dict(cfg.checkpoint)                             # its checksum, before any write
+    if MAPS_KEY in read_metadata(cfg.checkpoint):
+        raise ConfigError(f"checkpoint: {cfg.checkpoint} runs on its teacher's attention maps "
+                          "(attention transfer, copy mode): it has no attention of its own to "
+                          "put under a dense head")
     if cfg.data.img_size % SIZES[spec.size].patch_size:
         raise ConfigError(f"data.img_size: {cfg.data.img_size} is not a multiple of the "
                           f"backbone's patch size {SIZES[spec.size].patch_size}")

@@ -180,10 +180,13 @@ def read_spec(path: str | Path) -> ModelSpec:
 
 
 def load_model(path: str | Path) -> LinvitViT:
-    """Rebuild a model from a linvit checkpoint alone."""
+    """Rebuild a model from a linvit checkpoint (and, for a student trained on its teacher's
+    attention maps, that teacher, which its metadata names)."""
+    from linvit.transfer.attention_copy import attach_from_metadata
+
     model = create_vit(read_spec(path))
     load_strict(model, read_state_dict(path), str(path))
-    return model
+    return attach_from_metadata(model, read_metadata(path), path)
 
 
 def import_timm_weights(spec: ModelSpec, file: str | Path | None = None,

@@ -75,7 +75,7 @@ def evaluate_init(model: nn.Module, loader, rt: Runtime, run: RunDir, num_classe
 
 
 def finish_training(run: RunDir, rt: Runtime, model: nn.Module, history: list[dict],
-                    extra: dict) -> dict:
+                    extra: dict, model_metadata: dict | None = None) -> dict:
     final = {k.removeprefix("test_"): v for k, v in history[-1].items() if k.startswith("test_")}
     metrics = {
         **final,
@@ -87,7 +87,7 @@ def finish_training(run: RunDir, rt: Runtime, model: nn.Module, history: list[di
         **extra,
     }
     if rt.is_main:
-        save_model(model, run.model)
+        save_model(model, run.model, model_metadata)
         metrics = run.finish(metrics)
     rt.barrier()
     return metrics

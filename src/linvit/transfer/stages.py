@@ -23,6 +23,7 @@ from linvit.train.common import evaluate_init, finish_training, make_loaders
 from linvit.train.loop import evaluate
 from linvit.train.objectives import ClassificationObjective
 from linvit.train.trainer import fit
+from linvit.transfer.attention_copy import MAPS_KEY, drive_with_teacher
 from linvit.transfer.config import DistillConfig, FinetuneConfig
 from linvit.transfer.distill import (
     DistillObjective,
@@ -132,8 +133,26 @@ def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:
     record = apply_init(model, strategy, read_state_dict(cfg.teacher),
                         read_state_dict(cfg.distilled) if cfg.distilled else None)
     record["sources"] = {"teacher": cfg.teacher, "distilled": cfg.distilled}
+    if strategy.teacher_maps:
+        drive_with_teacher(model, maps_teacher(cfg.teacher, info))
+        record["teacher_maps"] = cfg.teacher
     log.info("init %s: %s", strategy.name, record["summary"])
     return model, record
+
+
+def maps_teacher(path: str, info) -> torch.nn.Module:
+    """The teacher whose maps drive an attention-copy student: it must read the same images."""
+    spec = read_spec(path)
+    if (spec.img_size, spec.in_chans) != (info.img_size, info.in_chans):
+        raise ConfigError(f"teacher: {path} reads {spec.img_size} px x {spec.in_chans} channels, "
+                          f"the data is {info.img_size} px x {info.in_chans}; attention copy "
+                          "runs the teacher on the student's own input")
+    return load_model(path)
+
+
+def model_metadata(record: dict) -> dict:
+    """What a student's model file must say beyond its spec: the teacher whose maps drive it."""
+    return {MAPS_KEY: record["teacher_maps"]} if record.get("teacher_maps") else {}
 
 
 def run_init(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
@@ -145,7 +164,7 @@ def run_init(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
     run.open(test_loader.summary)
     if rt.is_main:
         write_json(run.path / "copied.json", record)
-        save_model(model, run.model)
+        save_model(model, run.model, model_metadata(record))
     init_eval = evaluate_init(model.to(rt.device), test_loader, rt, run, info.num_classes,
                               cfg.run.eval_every > 0)
     return run.finish({"strategy": record["strategy"], "copied": record["summary"],
@@ -178,7 +197,7 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
                   eval_every=cfg.run.eval_every)
     return finish_training(run, rt, model, history,
                            {"strategy": record["strategy"], "init": init_eval,
-                            "copied": record["summary"]})
+                            "copied": record["summary"]}, model_metadata(record))
 
 
 def run_select(cfg, out, replace: bool = False) -> dict:

@@ -26,6 +26,7 @@ class InitStrategy:
     distilled: frozenset[str] = frozenset()
     description: str = ""
     mimetic: bool = False          # attention's qkv/proj weights from linvit.transfer.mimetic
+    teacher_maps: bool = False     # the teacher's maps drive the student (attention_copy.py)
 
     def __post_init__(self):
         check_groups(self.copy, f"strategy {self.name}: copy")
@@ -45,7 +46,7 @@ class InitStrategy:
         """The same strategy with its groups overridden by config (init.copy / init.distilled)."""
         return InitStrategy(self.name, frozenset(self.copy if copy is None else copy),
                             frozenset(self.distilled if distilled is None else distilled),
-                            self.description, self.mimetic)
+                            self.description, self.mimetic, self.teacher_maps)
 
 
 STRATEGIES: dict[str, InitStrategy] = {s.name: s for s in [
@@ -62,6 +63,9 @@ STRATEGIES: dict[str, InitStrategy] = {s.name: s for s in [
                  description="data-free baseline: mimetic attention, everything else new"),
     InitStrategy("copy_mlp+mimetic", STEM | {"mlp"}, mimetic=True,
                  description="stem + MLPs copied, mimetic attention (no distillation)"),
+    InitStrategy("attn_copy", frozenset(), teacher_maps=True,
+                 description="attention transfer, copy mode: a new softmax student whose "
+                             "attention maps are the teacher's, in training and at test time"),
 ]}
 
 
