@@ -97,7 +97,8 @@ def test_the_paper_grid_runs_end_to_end_at_toy_scale(tmp_path):
     frame = pd.read_csv(results / "results.csv")
     assert set(frame["status"]) == {"ok"}, frame[["kind", "init", "status", "error"]]
     cells = frame[frame["kind"] == "cell"]
-    assert set(cells["init"]) == {"random", "copy_mlp+distill", "copy_mlp+mimetic", "copy_all"}
+    assert set(cells["init"]) == {"random", "copy_mlp+distill", "copy_mlp+mimetic", "copy_all",
+                                  "attn_copy"}
     # the training jobs ran under torch.distributed, two processes
     for run_dir in frame[frame["kind"].isin(["distill", "cell"])]["run_dir"]:
         env = json.loads((project / run_dir / "metrics.json").read_text())["env"]
