@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from linvit import cli
 from linvit.models import CheckpointError, load_model, save_model
-from linvit.transfer.attention_copy import MAPS_KEY, drive_with_teacher
+from linvit.models.attention_copy import MAPS_KEY, drive_with_teacher
 
 from conftest import make_model, perturb
 

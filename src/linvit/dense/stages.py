@@ -26,8 +26,8 @@ def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
     from linvit.data import get_dataset
     from linvit.dense.scenes import verify_scenes
     from linvit.models import SIZES, read_spec, read_state_dict
+    from linvit.models.attention_copy import MAPS_KEY
     from linvit.models.checkpoint import read_metadata
-    from linvit.transfer.attention_copy import MAPS_KEY
 
     if cfg.data.kind != "scenes" and (cfg.data.kind == "coco") != (task == "detect"):
         raise ConfigError(f"data.kind: {cfg.data.kind!r} does not fit {task}")

@@ -20,6 +20,7 @@ from torch import nn
 
 from linvit.errors import CheckpointError
 from linvit.io import write_atomic
+from linvit.models.attention_copy import MAPS_KEY, drive_with_teacher
 from linvit.models.vit import LinvitViT, ModelSpec, create_vit
 
 SPEC_KEY = "linvit_spec"
@@ -182,11 +183,17 @@ def read_spec(path: str | Path) -> ModelSpec:
 def load_model(path: str | Path) -> LinvitViT:
     """Rebuild a model from a linvit checkpoint (and, for a student trained on its teacher's
     attention maps, that teacher, which its metadata names)."""
-    from linvit.transfer.attention_copy import attach_from_metadata
-
     model = create_vit(read_spec(path))
     load_strict(model, read_state_dict(path), str(path))
-    return attach_from_metadata(model, read_metadata(path), path)
+    teacher = read_metadata(path).get(MAPS_KEY)
+    if teacher is None:
+        return model
+    teacher = json.loads(teacher)
+    if not Path(teacher).is_file():
+        raise CheckpointError(f"{path}: its attention maps come from its teacher {teacher} "
+                              "(attention transfer, copy mode), which is not found; it cannot "
+                              "run without it")
+    return drive_with_teacher(model, load_model(teacher))
 
 
 def import_timm_weights(spec: ModelSpec, file: str | Path | None = None,

@@ -17,13 +17,13 @@ import torch
 from linvit.config import ConfigError
 from linvit.io import write_json
 from linvit.models import ModelSpec, create_vit, load_model, read_spec, read_state_dict, save_model
+from linvit.models.attention_copy import MAPS_KEY, drive_with_teacher
 from linvit.models.checkpoint import head_state
 from linvit.runs.stage import completed_metrics, start_run
 from linvit.train.common import evaluate_init, finish_training, make_loaders
 from linvit.train.loop import evaluate
 from linvit.train.objectives import ClassificationObjective
 from linvit.train.trainer import fit
-from linvit.transfer.attention_copy import MAPS_KEY, drive_with_teacher
 from linvit.transfer.config import DistillConfig, FinetuneConfig
 from linvit.transfer.distill import (
     DistillObjective,

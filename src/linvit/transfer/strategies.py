@@ -26,7 +26,7 @@ class InitStrategy:
     distilled: frozenset[str] = frozenset()
     description: str = ""
     mimetic: bool = False          # attention's qkv/proj weights from linvit.transfer.mimetic
-    teacher_maps: bool = False     # the teacher's maps drive the student (attention_copy.py)
+    teacher_maps: bool = False     # the teacher's maps drive the student (models/attention_copy.py)
 
     def __post_init__(self):
         check_groups(self.copy, f"strategy {self.name}: copy")

@@ -22,13 +22,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from linvit.models.vit import attention_modules
+
 MAPS_KEY = "linvit_maps_from"          # model-file metadata: the teacher whose maps drive it
 
 
 def drive_with_teacher(student: nn.Module, teacher: nn.Module) -> nn.Module:
     """Make every forward of `student` use `teacher`'s attention maps, block for block."""
-    from linvit.models import attention_modules
-
     own, theirs = attention_modules(student), attention_modules(teacher)
     if len(own) != len(theirs):
         raise ValueError(f"attention copy needs the teacher's depth: the student has {len(own)} "
@@ -63,21 +63,3 @@ def drive_with_teacher(student: nn.Module, teacher: nn.Module) -> nn.Module:
     student.register_forward_hook(after)
     student.maps_teacher = [teacher]           # a reference, not a submodule (see the docstring)
     return student
-
-
-def attach_from_metadata(model: nn.Module, metadata: dict, path) -> nn.Module:
-    """Reattach the teacher a model file names (MAPS_KEY), or leave the model as it is."""
-    import json
-    from pathlib import Path
-
-    from linvit.models import load_model
-    from linvit.models.checkpoint import CheckpointError
-
-    if MAPS_KEY not in metadata:
-        return model
-    teacher = json.loads(metadata[MAPS_KEY])
-    if not Path(teacher).is_file():
-        raise CheckpointError(f"{path}: its attention maps come from its teacher {teacher} "
-                              "(attention transfer, copy mode), which is not found; it cannot "
-                              "run without it")
-    return drive_with_teacher(model, load_model(teacher))
