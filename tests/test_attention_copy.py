@@ -47,7 +47,8 @@ def test_a_student_with_the_teacher_s_weights_computes_the_teacher(tiny_spec, te
 
 
 def test_maps_reach_the_student_block_for_block(tiny_spec, teacher):
-    """Block i gets the teacher's block i map: with the blocks' maps swapped the output moves."""
+    """Every block gets a map of its own (not one map for all), a softmax map of the right
+    shape."""
     student = perturb(make_model(tiny_spec, seed=2), seed=3).eval()
     drive_with_teacher(student, teacher)
     x = torch.randn(2, 1, 28, 28)

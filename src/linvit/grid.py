@@ -115,10 +115,15 @@ def expand_grid(config: dict) -> list[Cell]:
 def teachers(config: dict, cells: list[Cell]) -> list[tuple[str, str, str]]:
     """(dataset, teacher, size) of every teacher model: each one the cells use and, before a
     selected one, the teacher at its own size that it is cut out of."""
-    used = dict.fromkeys((c.dataset, c.teacher, c.size) for c in cells)
+    used = models_taught(cells)
     specs = teacher_specs(config)
-    made = {(d, t, made_size(specs[t], s)): None for d, t, s in used}
+    made = [(d, t, made_size(specs[t], s)) for d, t, s in used]
     return list(dict.fromkeys([*made, *used]))
+
+
+def models_taught(cells: list[Cell]) -> list[tuple[str, str, str]]:
+    """(dataset, teacher, size) of the teacher models the cells take, in grid order."""
+    return list(dict.fromkeys((c.dataset, c.teacher, c.size) for c in cells))
 
 
 def imports(config: dict, cells: list[Cell]) -> list[tuple[str, str, str]]:
@@ -495,8 +500,8 @@ def dense_jobs(config: dict, cells: list[Cell]) -> list[DenseJob]:
     cells' backbones."""
     dense = config.get("dense") or {}
     jobs = []
-    used = dict.fromkeys((c.dataset, c.teacher, c.size) for c in cells)
-    for task, (dataset, teacher, size) in itertools.product(dense.get("tasks", []), used):
+    for task, (dataset, teacher, size) in itertools.product(dense.get("tasks", []),
+                                                            models_taught(cells)):
         jobs.append(DenseJob(task, dataset, teacher, size, TEACHER_BACKBONE))
         for op, init, seed in itertools.product(dense["operators"], dense["strategies"],
                                                 dense.get("seeds", config["seeds"][:1])):

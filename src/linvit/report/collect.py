@@ -14,6 +14,7 @@ from linvit.io import read_jsonl
 from linvit.trees import flatten
 
 KEY = ["kind", "task", "dataset", "teacher", "size", "operator", "init", "loss", "seed"]
+GROUP = ["dataset", "teacher", "size"]           # the key of one teacher model and its cells
 METRICS = ["top1", "top5", "loss", "train_time_s", "epochs", "params", "eval_img_per_s",
            "train_img_per_s", "mIoU", "aAcc", "box_AP", "mask_AP", "step_s"]
 

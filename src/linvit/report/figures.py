@@ -13,13 +13,11 @@ import pandas as pd
 
 from linvit.render.plotting import new_figure, save
 from linvit.render.tables import rows_where, summarize
+from linvit.report.collect import GROUP  # one teacher model: one panel
 
 
 def _ok(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"] == "ok"] if "status" in frame else frame
-
-
-GROUP = ["dataset", "teacher", "size"]           # one teacher model: one panel
 
 
 def _panels(frame: pd.DataFrame) -> list[tuple]:

@@ -17,10 +17,10 @@ import pandas as pd
 from linvit.io import write_text
 from linvit.render.plotting import new_figure, save
 from linvit.render.tables import cell_text, rank, rows_where, to_markdown, write_table
+from linvit.report.collect import GROUP
 from linvit.robustness.shifts import SHIFTS
 
 KEY = ["dataset", "teacher", "size", "operator", "init", "loss", "seed"]
-GROUP = ["dataset", "teacher", "size"]           # one teacher model and the cells it taught
 TEACHER = "teacher"
 CAPTION = ("Robustness: clean test top-1, ImageNet-C-style corruptions (mean over types and "
            "severities; kept: % of the clean accuracy on the same images; vs teacher: points) "

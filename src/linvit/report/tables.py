@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from linvit.render.tables import cell_text, rank, write_table
+from linvit.report.collect import GROUP
 
 
 def format_cell(group: pd.DataFrame) -> str:
@@ -36,7 +37,6 @@ def pivot(frame: pd.DataFrame, index: list[str], columns: str, orders: dict) -> 
     return table
 
 
-GROUP = ["dataset", "teacher", "size"]           # what makes one teacher model
 # How a teacher model was made (its record's stage) -> its row's label
 TEACHER_LABELS = {"pretrain": "teacher (pretrained)", "import-teacher": "teacher (imported)",
                   "probe": "teacher (imported, probed)", "select": "teacher (selected)"}
