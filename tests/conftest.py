@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from linvit.models import ModelSpec, create_vit
+from linvit.models import ModelSpec, create_vit, save_model
 
 # The Triton kernel tests run on a GPU, or on the CPU under Triton's interpreter, which has to be
 # on before triton is first imported: test_kernels.py runs them in a process of their own.
@@ -76,3 +76,14 @@ def _fresh_linvit_logging():
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
+
+
+@pytest.fixture(scope="session")
+def backbone_ckpt(tmp_path_factory):
+    """A linear-operator cpu96 student (28 px, grey) for the dense tasks' backbone."""
+    torch.manual_seed(0)
+    # perturbed, so that norms and biases differ from a fresh model's too
+    model = perturb(create_vit(ModelSpec("cpu96", "linear", 10, 28, 1)))
+    path = tmp_path_factory.mktemp("ckpt") / "student.safetensors"
+    save_model(model, path)
+    return path

@@ -29,9 +29,8 @@ from linvit.dense.scenes import (
     verify_scenes,
 )
 from linvit.io import load_yaml
-from linvit.models import ModelSpec, create_vit, save_model
 
-from conftest import perturb, synthetic_mnist
+from conftest import synthetic_mnist
 
 SPEC = SceneSpec(size=64, train=12, val=6, seed=3)
 
@@ -139,16 +138,6 @@ def test_the_dense_package_imports_without_openmmlab():
     assert run.returncode == 0, run.stderr
 
 
-@pytest.fixture(scope="module")
-def backbone_ckpt(tmp_path_factory):
-    torch.manual_seed(0)
-    # perturbed, so that norms and biases differ from a fresh model's too
-    model = perturb(create_vit(ModelSpec("cpu96", "linear", 10, 28, 1)))
-    path = tmp_path_factory.mktemp("ckpt") / "student.safetensors"
-    save_model(model, path)
-    return path
-
-
 def test_backbone_adapts_a_28px_grey_checkpoint_to_64px_rgb(backbone_ckpt):
     from linvit.dense.backbone import LinViTBackbone
 
@@ -199,21 +188,29 @@ def test_dense_configs_name_the_scene_classes_and_a_backbone_that_builds(scenes,
     for config in (seg, det):
         entry = dict(config["model"]["backbone"])
         assert entry.pop("type") == "LinViTBackbone"
-        assert entry == {"checkpoint": str(backbone_ckpt), "img_size": 64, "in_chans": 3}
+        assert entry == {"checkpoint": str(backbone_ckpt), "img_size": 64, "in_chans": 3,
+                         "neck": "simple", "adapter": None}
         maps = LinViTBackbone(**entry)(torch.randn(1, 3, 64, 64))
         assert [m.shape[-1] for m in maps] == [16, 8, 4, 2]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("neck", ["simple", "adapter"])
 @pytest.mark.parametrize("task, keys", [("segment", {"mIoU", "aAcc"}),
                                          ("detect", {"box_AP", "mask_AP"})])
-def test_one_training_step_and_evaluation(task, keys, scenes, backbone_ckpt, tmp_path):
+def test_one_training_step_and_evaluation(task, keys, neck, scenes, backbone_ckpt, tmp_path):
+    from linvit.dense.safe_load import mmengine_checkpoints_allowed
     from linvit.dense.stages import run_dense
 
-    metrics = run_dense(task, dense_cfg(task, scenes, backbone_ckpt, tmp_path), tmp_path / task)
+    cfg = dense_cfg(task, scenes, backbone_ckpt, tmp_path, f"model.neck={neck}",
+                    "model.adapter.interactions=[[0,2],[3,5]]")
+    metrics = run_dense(task, cfg, tmp_path / task)
     assert keys <= set(metrics) and all(np.isfinite(metrics[k]) for k in keys)
     assert metrics["backbone"]["operator"] == "linear" and metrics["iters"] == 2
     assert (tmp_path / task / "work" / "last_checkpoint").is_file()
+    with mmengine_checkpoints_allowed():
+        saved = torch.load(tmp_path / task / "work" / "iter_2.pth")["state_dict"]
+    assert any(".adapter.injectors." in k for k in saved) == (neck == "adapter")
 
 
 @pytest.mark.slow

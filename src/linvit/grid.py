@@ -429,14 +429,33 @@ def check_config(config: dict, existing_file: str) -> None:
         jobs = job_arguments(config, existing_file)
     except ValueError as e:                  # a dense backbone that is not a cell of the grid
         raise ConfigError(str(e)) from None
+    built = {}
     for field, where, args in jobs:
         stage, _, _, _, *overrides = shlex.split(args)     # <stage> -o <dir> --rerun k=v ...
         # run.threads: what the shell line of every job but the scenes adds (RUN_AND_RECORD)
         threads = [] if stage == "make-scenes" else ["run.threads=1"]
         try:
-            load_config(stage_config(stage), None, [*overrides, *threads])
+            built[where] = load_config(stage_config(stage), None, [*overrides, *threads])
         except ConfigError as e:
             raise ConfigError(f"{field} (job {where}): {e}") from None
+    _check_dense_necks(config, built)
+
+
+def _check_dense_necks(config: dict, built: dict) -> None:
+    """ViT-Adapter's interactions and heads against each dense backbone's depth and width (a
+    stage config alone does not know its backbone's size). `built`: job folder -> config."""
+    from linvit.config import ConfigError
+    from linvit.dense.stages import check_adapter
+    from linvit.models import SIZES
+
+    for job in dense_jobs(config, expand_grid(config)) if config.get("dense") else []:
+        where = dense_dir("", job).lstrip("/")
+        cfg = built[where]
+        if cfg.model.neck == "adapter":
+            try:
+                check_adapter(cfg.model.adapter, SIZES[job.size])
+            except ConfigError as e:
+                raise ConfigError(f"dense.adapter (job {where}): {e}") from None
 
 
 def grid_document(config: dict, cells: list[Cell]) -> dict:
@@ -526,11 +545,22 @@ def scenes_args(config: dict, out_dir: str) -> str:
     return _command("make-scenes", out_dir, dict(config["dense"].get("scenes", {})))
 
 
+def dense_stage(config: dict, task: str) -> dict:
+    """`dense.stages.<task>`: the task's linvit fields ({} when absent)."""
+    return (config["dense"].get("stages") or {}).get(task) or {}
+
+
+def dense_uses_scenes(config: dict, task: str) -> bool:
+    """Whether the task trains on the embedded scenes (else on the real folder its data names)."""
+    return dense_stage(config, task).get("data", {}).get("kind", "scenes") == "scenes"
+
+
 def dense_args(config: dict, job: DenseJob, checkpoint: str, scenes: str, out_dir: str) -> str:
     dense = config["dense"]
-    tree = deep_merge({"data": {"root": scenes}}, dense.get("stages", {}).get(job.task, {}) or {},
-                  {"checkpoint": checkpoint,
-                   "pretrain_dataset": config["datasets"][job.dataset]["dataset"]})
+    neck = {k: dense[k] for k in ("neck", "adapter") if k in dense}
+    tree = deep_merge({"data": {"root": scenes}, "model": neck}, dense_stage(config, job.task),
+                      {"checkpoint": checkpoint,
+                       "pretrain_dataset": config["datasets"][job.dataset]["dataset"]})
     return _command(job.task, out_dir, tree)
 
 

@@ -175,11 +175,17 @@ def test_check_config_covers_the_paper_grid():
     maps = grid.attention_models(config, cells)
     assert maps[0] == grid.MAPS_TEACHER and len(maps) == 1 + len(config["operators"])
     robustness = len(config["datasets"]) + len(grid.teachers(config, cells)) + len(cells)
+    dense = 1 + len(grid.dense_jobs(config, cells))            # scenes + the dense jobs
     assert len(jobs) == (len(grid.imports(config, cells)) + len(grid.teachers(config, cells))
                          + len(grid.distillations(cells)) + len(cells)
-                         + len(maps) + 1 + robustness)
+                         + len(maps) + 1 + robustness + dense)
     assert {field for field, _, _ in jobs} >= {"teachers.deit_t", "stages.finetune", "bench",
-                                                 "robustness.corruptions", "robustness"}
+                                                 "robustness.corruptions", "robustness",
+                                                 "dense.stages.segment", "dense.stages.detect"}
+    dense_args = [shlex.split(a) for f, _, a in jobs if f.startswith("dense.stages.")]
+    assert all({'model.neck="adapter"', 'data.kind="ade20k"'} <= set(a) for a in dense_args
+               if a[0] == "segment")
+    assert {a[0] for a in dense_args} == {"segment", "detect"}
     shifts = {o for _, _, args in jobs for o in shlex.split(args) if o.startswith("shifts.")}
     assert {o.split("=")[0] for o in shifts} == {f"shifts.{name}" for name in SHIFTS}
     grid.check_config(config, str(ROOT / "Snakefile"))
@@ -372,3 +378,14 @@ def test_by_teacher_table_puts_teachers_side_by_side():
     assert table.loc[("d", "s", "linear", "copy_mlp"), "sup"].startswith("71.00")
     main = main_table(results, orders, "out")
     assert ("d", "ssl", "s", "teacher (selected)") in main.index
+
+
+def test_adapter_interactions_that_do_not_fit_a_dense_backbone_are_refused_before_any_job():
+    """The dense stage config cannot know its backbone's depth; check_config does, per job."""
+    config = default_config()
+    config["dense"] = {**config["dense"], "neck": "adapter", "adapter": {"interactions": [[0, 2]]}}
+    with pytest.raises(ConfigError,
+                       match=r"dense.adapter \(job dense/.*end at block 2, the ViT has 6 blocks"):
+        grid.check_config(config, str(ROOT / "Snakefile"))
+    config["dense"]["adapter"] = {"interactions": [[0, 2], [3, 5]]}
+    grid.check_config(config, str(ROOT / "Snakefile"))

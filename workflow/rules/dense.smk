@@ -30,7 +30,8 @@ rule scenes:
 rule dense_job:
     input:
         backbone=lambda wc: f"{backbone_dir(wc)}/record.json",
-        scenes=f"{SCENES}/MANIFEST.json",
+        scenes=lambda wc: [f"{SCENES}/MANIFEST.json"] if grid.dense_uses_scenes(config, wc.task)
+        else [],
         code=lambda wc: code(wc.task, ["softmax", dense_job(wc).key()["operator"]], [],
                              [registry_dataset(wc.dataset)]),
     output:

@@ -1,11 +1,13 @@
-"""A linvit ViT (any operator) as an mmseg/mmdet backbone, with a simple feature pyramid.
+"""A linvit ViT (any operator) as an mmseg/mmdet backbone, with a simple feature pyramid or
+ViT-Adapter (linvit.dense.adapter).
 
 The ViT comes from a linvit checkpoint (teacher or transferred student): its position
 embedding is resampled to the dense image size and its patch embedding adapted to the input
 channels (timm's helpers), the classifier is dropped, and every other tensor must load (strict,
 named errors). As in ViTDet, the last block's patch tokens are turned into four maps at strides
 4, 8, 16 and 32 pixels by transposed convolutions and pooling, so UperNet and Mask R-CNN (FPN)
-heads fit unchanged.
+heads fit unchanged. ViT-Adapter builds the same four maps from a convolutional prior and the
+ViT together.
 """
 from __future__ import annotations
 
@@ -54,11 +56,26 @@ def adapted_state(checkpoint: str, model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+def adapter_spec(settings: dict, depth: int):
+    """linvit.dense.adapter.AdapterSpec from AdapterCfg's fields, interactions checked against
+    the ViT's depth."""
+    from linvit.dense.adapter import AdapterSpec, check_interactions, even_interactions
+
+    settings = dict(settings)
+    pairs = settings.pop("interactions", None)
+    interactions = (tuple(tuple(p) for p in pairs) if pairs is not None
+                    else even_interactions(depth))
+    check_interactions(interactions, depth)
+    return AdapterSpec(interactions=interactions, **settings)
+
+
 class LinViTBackbone(nn.Module):
     """mmseg/mmdet backbone: the ViT of `checkpoint` (a linvit model.safetensors); returns four
-    feature maps at STRIDES."""
+    feature maps at STRIDES, by a simple feature pyramid (neck="simple") or ViT-Adapter
+    (neck="adapter", `adapter`: AdapterCfg's fields)."""
 
-    def __init__(self, checkpoint: str, img_size: int = 64, in_chans: int = 3):
+    def __init__(self, checkpoint: str, img_size: int = 64, in_chans: int = 3,
+                 neck: str = "simple", adapter: dict | None = None):
         super().__init__()
         base = read_spec(checkpoint)
         self.spec = ModelSpec(**{**base.as_dict(), "img_size": img_size, "in_chans": in_chans,
@@ -67,13 +84,25 @@ class LinViTBackbone(nn.Module):
         load_strict(self.vit, adapted_state(checkpoint, self.vit), checkpoint)
         self.patch = self.vit.patch_embed.patch_size[0]
         width = self.vit.embed_dim
-        self.levels = nn.ModuleList(_level(width, self.patch / s) for s in STRIDES)
         self.out_channels = [width] * len(STRIDES)
+        if neck == "adapter":
+            from linvit.dense.adapter import ViTAdapter
+
+            spec = adapter_spec(adapter or {}, len(self.vit.blocks))
+            self.adapter = ViTAdapter(width, len(self.vit.blocks), spec, in_chans)
+        elif neck == "simple":
+            self.levels = nn.ModuleList(_level(width, self.patch / s) for s in STRIDES)
+        else:
+            raise ValueError(f"neck: {neck!r} is not simple or adapter")
+        self.neck = neck
 
     def init_weights(self) -> None:
-        """Weights come from the checkpoint; nothing to do for mmengine."""
+        """The ViT's weights come from the checkpoint and the neck's from its own init (the
+        adapter's is deliberate); nothing to do for mmengine."""
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.neck == "adapter":
+            return self.adapter(self.vit, x)
         tokens = self.vit.forward_features(x)[:, self.vit.num_prefix_tokens:]   # (B, h*w, C)
         B, N, C = tokens.shape
         h, w = x.shape[2] // self.patch, x.shape[3] // self.patch

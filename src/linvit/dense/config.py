@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from linvit.config import ConfigError, RunCfg, one_of, positive, required_file
@@ -26,11 +25,11 @@ class DenseDataCfg:
     workers: int = 0
 
     def validate(self, p: str) -> None:
+        # that the folder exists is checked where the job runs (linvit.dense.stages), as for
+        # image datasets: a cluster's data need not be mounted where the workflow is planned
         if self.root is None:
             raise ConfigError(f"{p}.root: required (a folder from `linvit make-scenes`, or an "
                               "ADE20K / COCO root)")
-        if not Path(self.root).is_dir():
-            raise ConfigError(f"{p}.root: folder not found: {self.root}")
         for name in ("img_size", "batch_size"):
             positive(f"{p}.{name}", getattr(self, name))
         positive(f"{p}.workers", self.workers, allow_zero=True)
@@ -40,8 +39,32 @@ class DenseDataCfg:
 
 
 @dataclass
+class AdapterCfg:
+    """ViT-Adapter's settings (linvit.dense.adapter.AdapterSpec)."""
+    interactions: list[list[int]] | None = None   # [first, last] blocks; None: 4 even shares
+    heads: int = 6                    # deformable-attention heads (must divide the width)
+    points: int = 4                   # sampling points per head and level
+    deform_ratio: float = 1.0         # value projection width / ViT width
+    cffn_ratio: float = 0.25          # ConvFFN hidden width / ViT width
+    channels: int = 64                # the spatial prior's first-stage width
+    extra_extractors: int = 2         # after the last interaction
+
+    def validate(self, p: str) -> None:
+        for name in ("heads", "points", "channels", "deform_ratio", "cffn_ratio"):
+            positive(f"{p}.{name}", getattr(self, name))
+        positive(f"{p}.extra_extractors", self.extra_extractors, allow_zero=True)
+        for i, pair in enumerate(self.interactions or []):
+            if len(pair) != 2:
+                raise ConfigError(f"{p}.interactions[{i}]: expected [first, last] blocks, got "
+                                  f"{pair!r}")
+
+
+@dataclass
 class DenseModelCfg:
     head_channels: int = 64           # width of the UPerHead / FPN / RoI heads
+    # the multi-scale maps from the ViT: ViTDet's simple feature pyramid, or ViT-Adapter
+    neck: Literal["simple", "adapter"] = "simple"
+    adapter: AdapterCfg = field(default_factory=AdapterCfg)
 
     def validate(self, p: str) -> None:
         positive(f"{p}.head_channels", self.head_channels)

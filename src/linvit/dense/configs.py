@@ -9,11 +9,26 @@ and COCO folders in their standard layouts. Sizes of heads are small on purpose 
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from linvit.dense.scenes import CLASSES, THINGS
 
 NORM = dict(type="GN", num_groups=8, requires_grad=True)
+# the standard layouts of real folders (ADEChallengeData2016, COCO 2017)
+ADE20K_SPLITS = {"train": "training", "val": "validation"}
+COCO_ANNOTATIONS = {"train": "annotations/instances_train2017.json",
+                    "val": "annotations/instances_val2017.json"}
+COCO_IMAGES = {"train": "train2017/", "val": "val2017/"}
+
+
+def required_paths(kind: str) -> list[str]:
+    """What a real folder of `kind` must hold (the embedded scenes check themselves)."""
+    if kind == "ade20k":
+        return [f"{d}/{s}" for d in ("images", "annotations") for s in ADE20K_SPLITS.values()]
+    if kind == "coco":
+        return [*COCO_IMAGES.values(), *COCO_ANNOTATIONS.values()]
+    return []
 
 
 def _common(cfg, work_dir: str, scope: str, evaluator: dict) -> dict:
@@ -59,8 +74,10 @@ def _loader(dataset: dict, batch: int, train: bool, workers: int) -> dict:
 
 
 def _backbone(cfg) -> dict:
+    neck = cfg.model.neck
     return dict(type="LinViTBackbone", checkpoint=cfg.checkpoint, img_size=cfg.data.img_size,
-                in_chans=3)
+                in_chans=3, neck=neck,
+                adapter=dataclasses.asdict(cfg.model.adapter) if neck == "adapter" else None)
 
 
 def segmentation_config(cfg, width: int, mean, std, work_dir: str) -> dict:
@@ -69,8 +86,8 @@ def segmentation_config(cfg, width: int, mean, std, work_dir: str) -> dict:
         classes, ds_type, extra = CLASSES, "BaseSegDataset", dict(metainfo=dict(classes=CLASSES))
     else:                                             # real ADE20K (150 classes, 0 = ignore)
         classes, ds_type, extra = [None] * 150, "ADE20KDataset", dict(reduce_zero_label=True)
-    pipeline = [dict(type="LoadImageFromFile"), dict(type="LoadAnnotations",
-                                                     reduce_zero_label=d.kind == "ade20k"),
+    # ADE20K's 0 (unlabelled) -> ignore: the dataset's reduce_zero_label, which the loader reads
+    pipeline = [dict(type="LoadImageFromFile"), dict(type="LoadAnnotations"),
                 dict(type="Resize", scale=(d.img_size, d.img_size), keep_ratio=False)]
     train_pipe = pipeline + [dict(type="RandomFlip", prob=0.5), dict(type="PackSegInputs")]
     test_pipe = pipeline + [dict(type="PackSegInputs")]
@@ -96,7 +113,7 @@ def segmentation_config(cfg, width: int, mean, std, work_dir: str) -> dict:
                             num_classes=len(classes), norm_cfg=NORM, align_corners=False,
                             loss_decode=dict(type="CrossEntropyLoss", loss_weight=0.4)),
         train_cfg=dict(), test_cfg=dict(mode="whole"))
-    split = {"train": "training", "val": "validation"}
+    split = ADE20K_SPLITS
     return dict(model=model,
                 train_dataloader=_loader(dataset(split["train"], train_pipe), d.batch_size, True,
                                          d.workers),
@@ -126,10 +143,8 @@ def detection_config(cfg, width: int, mean, std, work_dir: str) -> dict:
     d, c = cfg.data, cfg.model.head_channels
     classes = THINGS if d.kind == "scenes" else None
     ann = {"train": "coco/instances_train.json", "val": "coco/instances_val.json"} \
-        if d.kind == "scenes" else {"train": "annotations/instances_train2017.json",
-                                    "val": "annotations/instances_val2017.json"}
-    prefix = {"train": "", "val": ""} if d.kind == "scenes" else {"train": "train2017/",
-                                                                 "val": "val2017/"}
+        if d.kind == "scenes" else COCO_ANNOTATIONS
+    prefix = {"train": "", "val": ""} if d.kind == "scenes" else COCO_IMAGES
     size = (d.img_size, d.img_size)
     load = [dict(type="LoadImageFromFile"),
             dict(type="LoadAnnotations", with_bbox=True, with_mask=True),

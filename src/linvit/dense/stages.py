@@ -31,6 +31,9 @@ def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
 
     if cfg.data.kind != "scenes" and (cfg.data.kind == "coco") != (task == "detect"):
         raise ConfigError(f"data.kind: {cfg.data.kind!r} does not fit {task}")
+    check_folder(cfg.data)
+    if cfg.model.neck == "adapter":
+        check_adapter(cfg.model.adapter, SIZES[read_spec(cfg.checkpoint).size])
     run = prepare_run(cfg, out, task, replace)
     if run.finished:
         return completed_metrics(run)
@@ -57,9 +60,41 @@ def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
     result = {METRIC_NAMES[k]: v for k, v in metrics.items() if k in METRIC_NAMES}
     if task == "detect":                    # mmdet reports AP in [0, 1]; tables use percent
         result = {k: 100 * v for k, v in result.items()}
+        if not metrics:
+            # mmdet's CocoMetric returns nothing when no box scored above test_cfg's threshold
+            # (an untrained head over 80 classes): every AP is 0 then, by definition
+            log.warning("no detections above the score threshold: box and mask AP are 0")
+            result = {name: 0.0 for name in METRIC_NAMES.values() if "AP" in name}
     return run.finish({**result, "raw": metrics, "iters": cfg.optim.iters, "train_s": train_s,
                        "eval_s": eval_s, "step_s": train_s / cfg.optim.iters,
                        "backbone": spec.as_dict()})
+
+
+def check_folder(data) -> None:
+    from linvit.dense.configs import required_paths
+
+    root = Path(data.root)
+    if not root.is_dir():
+        raise ConfigError(f"data.root: folder not found: {root}")
+    missing = [p for p in required_paths(data.kind) if not (root / p).exists()]
+    if missing:
+        raise ConfigError(f"data.root: {root} is not a {data.kind} folder in the standard layout: "
+                          f"missing {', '.join(missing)}")
+
+
+def check_adapter(adapter, size) -> None:
+    """ViT-Adapter's settings against the backbone's shape, before any compute."""
+    import dataclasses
+
+    from linvit.dense.backbone import adapter_spec
+
+    try:
+        adapter_spec(dataclasses.asdict(adapter), size.depth)
+    except ValueError as e:
+        raise ConfigError(f"model.adapter.interactions: {e}") from None
+    if size.width % adapter.heads:
+        raise ConfigError(f"model.adapter.heads: {adapter.heads} does not divide the backbone's "
+                          f"width {size.width}")
 
 
 def build_config(task: str, cfg: DenseConfig, width: int, mean, std, work_dir: str):
