@@ -555,6 +555,17 @@ def dense_uses_scenes(config: dict, task: str) -> bool:
     return dense_stage(config, task).get("data", {}).get("kind", "scenes") == "scenes"
 
 
+def dense_in_report(config: dict, results: str) -> list[str]:
+    """dense.md as a section of report.md: when `dense.in_all` asks for it (then `all` runs the
+    dense sub-grid too), or when the sub-grid has been run (`snakemake dense`), so that the
+    report keeps its dense results current."""
+    from pathlib import Path
+
+    path = f"{results}/dense.md"
+    wanted = (config.get("dense") or {}).get("in_all") or Path(path).is_file()
+    return [path] if config.get("dense") and wanted else []
+
+
 def dense_args(config: dict, job: DenseJob, checkpoint: str, scenes: str, out_dir: str) -> str:
     dense = config["dense"]
     neck = {k: dense[k] for k in ("neck", "adapter") if k in dense}

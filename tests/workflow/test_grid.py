@@ -389,3 +389,14 @@ def test_adapter_interactions_that_do_not_fit_a_dense_backbone_are_refused_befor
         grid.check_config(config, str(ROOT / "Snakefile"))
     config["dense"]["adapter"] = {"interactions": [[0, 2], [3, 5]]}
     grid.check_config(config, str(ROOT / "Snakefile"))
+
+
+def test_the_report_has_the_dense_section_when_asked_or_once_it_exists(tmp_path):
+    config = default_config()
+    results = str(tmp_path)
+    assert grid.dense_in_report(config, results) == []
+    assert grid.dense_in_report({**config, "dense": {**config["dense"], "in_all": True}},
+                                results) == [f"{results}/dense.md"]
+    (tmp_path / "dense.md").write_text("## Dense tasks\n")
+    assert grid.dense_in_report(config, results) == [f"{results}/dense.md"]
+    assert grid.dense_in_report({**config, "dense": None}, results) == []

@@ -479,6 +479,14 @@ def test_dense_target_fine_tunes_teacher_and_student_backbones(project):
         assert all(re.match(r"\d+\.\d\d$", v.strip()) for v in row.split("|")[5:9]), row
     assert (project / "results" / "figures" / "dense.png").stat().st_size > 0
     assert "s per training step" in (project / "results" / "dense.md").read_text()
+    # once the dense sub-grid has run, the main report carries it (and nothing else reruns)
+    assert "## Dense tasks" not in (project / "results" / "report.md").read_text()
+    plan = tiny(project, "-n")
+    assert set(planned_outputs(plan.stdout)) == {"report"}, plan.stdout[-3000:]
+    again = tiny(project)
+    assert again.returncode == 0, again.stderr[-3000:]
+    report = (project / "results" / "report.md").read_text()
+    assert "## Dense tasks" in report and "![dense](figures/dense.png)" in report
 
 
 def mocov3_backbone_file(path: Path) -> Path:

@@ -174,6 +174,7 @@ rule report:
                                name=FIGURES + ["attention_maps"])),
         bench=[f"{RESULTS}/bench/record.json"] if config.get("bench") else [],
         robustness=[f"{RESULTS}/robustness.md"] if grid.robustness_section(config) else [],
+        dense=grid.dense_in_report(config, RESULTS),
         code=code("report"),
     output:
         in_report(f"{RESULTS}/report.md", "report_md", "Report", document="report.md"),
@@ -184,8 +185,9 @@ rule report:
         bench=lambda wc, input: ["--bench-record", *input.bench] if input.bench else [],
         robustness=lambda wc, input: (["--robustness-section", *input.robustness]
                                       if input.robustness else []),
+        dense=lambda wc, input: ["--dense-section", *input.dense] if input.dense else [],
         tables=f"{RESULTS}/tables",
     shell:
         "{REPORT} report --grid {input.grid:q} --results {input.results:q} {params.bench:q}"
-        " {params.robustness:q}"
+        " {params.robustness:q} {params.dense:q}"
         " --tables {params.tables:q} --figures {input.figures:q} --out {output:q} > {log:q} 2>&1"

@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--figures", nargs="*", default=[])
     d.add_argument("--bench-record", help="the bench job's record.json (a section of the report)")
     d.add_argument("--robustness-section", help="robustness.md (a section of the report)")
+    d.add_argument("--dense-section", help="dense.md (a section of the report)")
     dn = sub.add_parser("dense")
     dn.add_argument("--grid", required=True)
     dn.add_argument("--results", required=True)

@@ -16,8 +16,7 @@ from linvit.render.tables import cell_text, rank, rows_where, to_markdown, write
 
 COLUMNS = [("segment", "mIoU"), ("segment", "aAcc"), ("detect", "box_AP"),
            ("detect", "mask_AP")]
-CAPTION = ("Dense tasks on the embedded scenes: UperNet mIoU / aAcc and Mask R-CNN box / mask AP "
-           "(%) by backbone")
+CAPTION = "Dense tasks: UperNet mIoU / aAcc and Mask R-CNN box / mask AP (%) by backbone"
 
 
 def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
@@ -56,7 +55,7 @@ def write_dense(results: pd.DataFrame, orders: dict, tables_dir: Path, figures_d
     write_table(table, Path(tables_dir) / "dense", CAPTION)
     dense_figure(table, Path(figures_dir) / "dense")
     steps = results[(results["kind"] == "dense") & (results["status"] == "ok")]
-    lines = ["# Dense tasks\n", CAPTION + ".\n", to_markdown(table)]
+    lines = ["## Dense tasks\n", CAPTION + ".\n", to_markdown(table)]
     if "step_s" in steps and len(steps):
         for task, group in steps.groupby("task"):
             lines.append(f"- {task}: {group['step_s'].mean():.2f} s per training step on average")

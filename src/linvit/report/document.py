@@ -81,7 +81,8 @@ def bench_section(record: dict, rel) -> list[str]:
 
 def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], out: Path,
                  main_loss: str, title: str = "linvit ablation report",
-                 bench: dict | None = None, robustness: Path | None = None) -> None:
+                 bench: dict | None = None, robustness: Path | None = None,
+                 dense: Path | None = None) -> None:
     out = Path(out)
     rel = lambda p: os.path.relpath(p, out.parent)  # noqa: E731
     counts = results[results["kind"] == "cell"]["status"].value_counts().to_dict()
@@ -99,8 +100,8 @@ def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], o
     parts += ["## The paper's claims on this grid\n", claims_table(results, main_loss)]
     parts.append("## Figures\n")
     parts += [f"![{p.stem}]({rel(p)})\n" for p in figures if p.suffix == ".png"]
-    if robustness is not None:             # written beside report.md: its links hold here too
-        parts.append(Path(robustness).read_text())
+    # sections written beside report.md: their links hold here too
+    parts += [Path(p).read_text() for p in (robustness, dense) if p is not None]
     if bench is not None:
         parts += bench_section(bench, rel)
     failed = results[results["status"].isin(["failed", "missing"])]
@@ -125,4 +126,5 @@ def run_step(a) -> None:
     bench = json.loads(Path(a.bench_record).read_text()) if a.bench_record else None
     write_report(read_csv(a.results), Path(a.tables), [Path(f) for f in a.figures], Path(a.out),
                  read_grid(a.grid)["main_loss"], bench=bench,
-                 robustness=Path(a.robustness_section) if a.robustness_section else None)
+                 robustness=Path(a.robustness_section) if a.robustness_section else None,
+                 dense=Path(a.dense_section) if a.dense_section else None)
