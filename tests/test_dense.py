@@ -189,7 +189,7 @@ def test_dense_configs_name_the_scene_classes_and_a_backbone_that_builds(scenes,
         entry = dict(config["model"]["backbone"])
         assert entry.pop("type") == "LinViTBackbone"
         assert entry == {"checkpoint": str(backbone_ckpt), "img_size": 64, "in_chans": 3,
-                         "neck": "simple", "adapter": None}
+                         "neck": "simple", "adapter": None, "frozen_vit": False}
         maps = LinViTBackbone(**entry)(torch.randn(1, 3, 64, 64))
         assert [m.shape[-1] for m in maps] == [16, 8, 4, 2]
 
@@ -211,6 +211,24 @@ def test_one_training_step_and_evaluation(task, keys, neck, scenes, backbone_ckp
     with mmengine_checkpoints_allowed():
         saved = torch.load(tmp_path / task / "work" / "iter_2.pth")["state_dict"]
     assert any(".adapter.injectors." in k for k in saved) == (neck == "adapter")
+
+
+@pytest.mark.slow
+def test_a_frozen_vit_keeps_its_checkpoint_through_training(scenes, backbone_ckpt, tmp_path):
+    from linvit.dense.safe_load import mmengine_checkpoints_allowed
+    from linvit.dense.stages import run_dense
+
+    cfg = dense_cfg("segment", scenes, backbone_ckpt, tmp_path, "model.frozen_vit=true",
+                    "optim.lr=0.01")
+    run_dense("segment", cfg, tmp_path / "run")
+    with mmengine_checkpoints_allowed():
+        trained = torch.load(tmp_path / "run" / "work" / "iter_2.pth")["state_dict"]
+    saved = load_file(str(backbone_ckpt))
+    vit = {k.removeprefix("backbone.vit."): v for k, v in trained.items()
+           if k.startswith("backbone.vit.")}
+    adapted = {"pos_embed", "patch_embed.proj.weight"}         # resampled to 64 px RGB
+    assert len(vit) > 50 and all(torch.equal(v, saved[k]) for k, v in vit.items()
+                                 if k not in adapted)
 
 
 @pytest.mark.slow

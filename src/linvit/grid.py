@@ -383,10 +383,11 @@ def job_arguments(config: dict, existing_file: str) -> list[tuple[str, str, str]
             for d, t, s in imports(config, cells)]
     jobs += [(_teacher_field(config, t, s), teacher_dir("", d, t, s),
               teacher_args(config, d, t, s, x, "x")) for d, t, s in teachers(config, cells)]
+    trained = cells + dense_cells(config, cells)
     jobs += [(f"stages.distill / losses.{k[4]}", distill_dir("", *k),
-              distill_args(config, *k, x, "x")) for k in distillations(cells)]
+              distill_args(config, *k, x, "x")) for k in distillations(trained)]
     jobs += [("stages.finetune", cell_dir("", c),
-              finetune_args(config, c, x, x if c.needs_distill else None, "x")) for c in cells]
+              finetune_args(config, c, x, x if c.needs_distill else None, "x")) for c in trained]
     panel = attention_panel(config)
     jobs += [("figures", maps_dir("", *panel, m),
               maps_args(config, panel[0], x, None if m == MAPS_TEACHER else x, "x"))
@@ -425,10 +426,7 @@ def check_config(config: dict, existing_file: str) -> None:
     check_names(config)
     _check_registries(config)
     _check_teachers(config)
-    try:
-        jobs = job_arguments(config, existing_file)
-    except ValueError as e:                  # a dense backbone that is not a cell of the grid
-        raise ConfigError(str(e)) from None
+    jobs = job_arguments(config, existing_file)
     built = {}
     for field, where, args in jobs:
         stage, _, _, _, *overrides = shlex.split(args)     # <stage> -o <dir> --rerun k=v ...
@@ -515,8 +513,9 @@ def backbone_label(cell: Cell) -> str:
 
 
 def dense_jobs(config: dict, cells: list[Cell]) -> list[DenseJob]:
-    """The dense sub-grid: each task on each teacher model the cells use and on the chosen
-    cells' backbones."""
+    """The dense sub-grid: each task on each teacher model the cells use and on the backbones of
+    dense.operators x dense.strategies x dense.seeds (cells of the grid, or cells made for the
+    dense sub-grid alone: dense_cells)."""
     dense = config.get("dense") or {}
     jobs = []
     for task, (dataset, teacher, size) in itertools.product(dense.get("tasks", []),
@@ -526,11 +525,16 @@ def dense_jobs(config: dict, cells: list[Cell]) -> list[DenseJob]:
                                                 dense.get("seeds", config["seeds"][:1])):
             loss = config["main_loss"] if get_strategy(init).needs_distilled else NO_LOSS
             cell = Cell(dataset, teacher, size, op, init, loss, seed)
-            if cell not in cells:
-                raise ValueError(f"dense: backbone {backbone_label(cell)} is not a cell of the "
-                                 "grid; add its operator/strategy/seed to the grid")
             jobs.append(DenseJob(task, dataset, teacher, size, backbone_label(cell)))
     return jobs
+
+
+def dense_cells(config: dict, cells: list[Cell]) -> list[Cell]:
+    """Backbone cells the dense sub-grid needs beyond the grid's own (e.g. a seed the main grid
+    does not run): fine-tuned like any cell, in no table but the dense one."""
+    grid_cells = set(cells)
+    return [c for c in dict.fromkeys(j.cell for j in dense_jobs(config, cells) if j.cell)
+            if c not in grid_cells]
 
 
 def bench_args(config: dict, out_dir: str) -> str:

@@ -400,3 +400,20 @@ def test_the_report_has_the_dense_section_when_asked_or_once_it_exists(tmp_path)
     (tmp_path / "dense.md").write_text("## Dense tasks\n")
     assert grid.dense_in_report(config, results) == [f"{results}/dense.md"]
     assert grid.dense_in_report({**config, "dense": None}, results) == []
+
+
+def test_dense_seeds_beyond_the_grid_s_add_backbone_cells_for_the_dense_sub_grid_only():
+    config = default_config()
+    config["dense"] = {**config["dense"], "operators": ["linear"], "seeds": [0, 1]}
+    cells = grid.expand_grid(config)
+    extra = grid.dense_cells(config, cells)
+    assert {(c.operator, c.init, c.seed) for c in extra} == {
+        ("linear", init, 1) for init in config["dense"]["strategies"]}
+    assert not set(extra) & set(cells)
+    finetunes = {where for field, where, _ in grid.job_arguments(config, str(ROOT / "Snakefile"))
+                 if field == "stages.finetune"}
+    assert {grid.cell_dir("", c).lstrip("/") for c in extra} <= finetunes
+    backbones = {j.backbone for j in grid.dense_jobs(config, cells) if j.task == "segment"}
+    assert backbones == {"teacher"} | {grid.backbone_label(c) for c in extra} | {
+        grid.backbone_label(c) for c in cells if c.operator == "linear" and c.seed == 0
+        and c.init in config["dense"]["strategies"] and c.loss in ("none", config["main_loss"])}

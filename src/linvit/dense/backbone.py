@@ -75,13 +75,14 @@ class LinViTBackbone(nn.Module):
     (neck="adapter", `adapter`: AdapterCfg's fields)."""
 
     def __init__(self, checkpoint: str, img_size: int = 64, in_chans: int = 3,
-                 neck: str = "simple", adapter: dict | None = None):
+                 neck: str = "simple", adapter: dict | None = None, frozen_vit: bool = False):
         super().__init__()
         base = read_spec(checkpoint)
         self.spec = ModelSpec(**{**base.as_dict(), "img_size": img_size, "in_chans": in_chans,
                                  "num_classes": 0})
         self.vit = create_vit(self.spec)
         load_strict(self.vit, adapted_state(checkpoint, self.vit), checkpoint)
+        self.vit.requires_grad_(not frozen_vit)
         self.patch = self.vit.patch_embed.patch_size[0]
         width = self.vit.embed_dim
         self.out_channels = [width] * len(STRIDES)

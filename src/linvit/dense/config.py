@@ -65,6 +65,9 @@ class DenseModelCfg:
     # the multi-scale maps from the ViT: ViTDet's simple feature pyramid, or ViT-Adapter
     neck: Literal["simple", "adapter"] = "simple"
     adapter: AdapterCfg = field(default_factory=AdapterCfg)
+    # the checkpoint's ViT as a fixed feature extractor (neck and heads train): a cheaper
+    # schedule, and a score of the features themselves
+    frozen_vit: bool = False
 
     def validate(self, p: str) -> None:
         positive(f"{p}.head_channels", self.head_channels)

@@ -76,7 +76,7 @@ def _loader(dataset: dict, batch: int, train: bool, workers: int) -> dict:
 def _backbone(cfg) -> dict:
     neck = cfg.model.neck
     return dict(type="LinViTBackbone", checkpoint=cfg.checkpoint, img_size=cfg.data.img_size,
-                in_chans=3, neck=neck,
+                in_chans=3, neck=neck, frozen_vit=cfg.model.frozen_vit,
                 adapter=dataclasses.asdict(cfg.model.adapter) if neck == "adapter" else None)
 
 
