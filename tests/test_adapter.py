@@ -92,8 +92,68 @@ def test_bad_adapter_settings_fail_before_any_compute(backbone_ckpt, tmp_path, m
 
     monkeypatch.setattr(stages, "train_and_validate", lambda *a: pytest.fail("computed"))
     for override, message in (("model.adapter.interactions=[[0,2],[4,5]]", "interactions"),
-                              ("model.adapter.heads=5", "does not divide")):
-        cfg = dense_cfg("segment", tmp_path, backbone_ckpt, tmp_path, "model.neck=adapter",
-                        override)
+                              ("model.adapter.heads=5", "does not divide the backbone's width"),
+                              ("model.adapter.deform_ratio=0.3", "value width"),
+                              ("model.adapter.channels=12", "multiple of 8")):
         with pytest.raises(ConfigError, match=message):
+            cfg = dense_cfg("segment", tmp_path, backbone_ckpt, tmp_path, "model.neck=adapter",
+                            override)
             stages.run_dense("segment", cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_levels_lay_non_square_maps_end_to_end_with_x_y_centres():
+    from linvit.dense.adapter import Levels
+
+    levels = Levels([(3, 5), (2, 7)], "cpu")
+    assert levels.starts.tolist() == [0, 15]
+    centres = levels.centres[0, :, 0]
+    assert centres.shape == (29, 2)
+    # token k of a level is row k // w, column k % w; its centre is ((col+.5)/w, (row+.5)/h)
+    assert torch.allclose(centres[7], torch.tensor([(2 + 0.5) / 5, (1 + 0.5) / 3]))
+    assert torch.allclose(centres[15 + 9], torch.tensor([(2 + 0.5) / 7, (1 + 0.5) / 2]))
+    maps = levels.split(torch.arange(29.0).reshape(1, 29, 1))
+    assert [tuple(m.shape) for m in maps] == [(1, 1, 3, 5), (1, 1, 2, 7)]
+    assert maps[0][0, 0, 1, 2] == 7 and maps[1][0, 0, 1, 2] == 15 + 9
+
+
+def test_deformable_attention_without_offsets_reads_each_query_s_own_position():
+    """With zero sampling offsets, identity value/output projections and one point, a query
+    reads the value map at its reference point: a map of each pixel's (x, y) returns the query's
+    own centre, on a non-square level, so swapped axes cannot pass."""
+    from linvit.dense.adapter import AdapterSpec, Levels, _deformable
+
+    spec = AdapterSpec(interactions=((0, 0),), heads=1, points=1)
+    attention = _deformable(2, spec, 1)
+    with torch.no_grad():
+        attention.sampling_offsets.weight.zero_()
+        attention.sampling_offsets.bias.zero_()
+        for linear in (attention.value_proj, attention.output_proj):
+            linear.weight.copy_(torch.eye(2))
+            linear.bias.zero_()
+    level = Levels([(4, 6)], "cpu")
+    coordinates = level.centres[:, :, 0]                         # (1, 24, 2): x, y per pixel
+    out = level.attend(attention, torch.zeros(1, 24, 2), coordinates, level)
+    assert torch.allclose(out, coordinates, atol=1e-5)
+
+
+def test_with_the_injections_open_the_outputs_stay_finite_and_change(backbone_ckpt):
+    net = backbone(backbone_ckpt)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        closed = net(x)
+        for injector in net.adapter.injectors:
+            injector.gamma.fill_(1.0)
+        opened = net(x)
+    assert all(torch.isfinite(o).all() for o in opened)
+    assert not torch.allclose(closed[2], opened[2])
+
+
+def test_a_frozen_vit_stays_in_eval_mode_when_training(backbone_ckpt):
+    from linvit.dense.backbone import LinViTBackbone
+
+    net = LinViTBackbone(str(backbone_ckpt), img_size=64, frozen_vit=True).train()
+    assert net.training and not net.vit.training and not any(
+        p.requires_grad for p in net.vit.parameters())
+    assert all(p.requires_grad for p in net.levels.parameters())
+    assert LinViTBackbone(str(backbone_ckpt), img_size=64).train().vit.training

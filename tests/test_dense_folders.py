@@ -13,17 +13,17 @@ from test_dense import dense_cfg
 
 # COCO's 80 category ids: 1..90 without the ten the 2014 paper dropped
 COCO_IDS = [i for i in range(1, 91) if i not in {12, 26, 29, 30, 45, 66, 68, 69, 71, 83}]
-SIZE = 64
+W, H = 80, 48          # not the models' 64 x 64: evaluation must map predictions back
 
 
 def scene(seed: int) -> tuple[np.ndarray, list[tuple[int, tuple[int, int, int, int]]]]:
     """An image with two coloured boxes on grey; the boxes as (class index, (x, y, w, h))."""
     rng = np.random.default_rng(seed)
-    image = np.full((SIZE, SIZE, 3), 128, np.uint8)
+    image = np.full((H, W, 3), 128, np.uint8)
     boxes = []
     for k in range(2):
-        w, h = (int(v) for v in rng.integers(12, 28, 2))
-        x, y = (int(v) for v in rng.integers(0, SIZE - 28, 2))
+        w, h = (int(v) for v in rng.integers(12, 20, 2))
+        x, y = int(rng.integers(0, W - 20)), int(rng.integers(0, H - 20))
         cls = int(rng.integers(0, 5)) + 5 * k
         image[y:y + h, x:x + w] = (40 * (cls % 6), 255 - 25 * cls, 60 + 15 * cls)
         boxes.append((cls, (x, y, w, h)))
@@ -42,8 +42,8 @@ def ade20k_folder(root):
         (root / "annotations" / split).mkdir(parents=True)
         for i in range(n):
             image, boxes = scene(i + 100 * (split == "validation"))
-            label = np.zeros((SIZE, SIZE), np.uint8)
-            label[SIZE // 2:] = 150                  # stuff, the last class
+            label = np.zeros((H, W), np.uint8)
+            label[H // 2:] = 150                     # stuff, the last class
             for cls, (x, y, w, h) in boxes:
                 label[y:y + h, x:x + w] = cls + 1
             name = f"ADE_{'train' if split == 'training' else 'val'}_{i + 1:08d}"
@@ -68,7 +68,7 @@ def coco_folder(root):
             image_id = 1000 * (split == "val2017") + i + 1
             name = f"{image_id:012d}.jpg"
             Image.fromarray(image).save(root / split / name, quality=95)
-            images.append({"id": image_id, "file_name": name, "width": SIZE, "height": SIZE})
+            images.append({"id": image_id, "file_name": name, "width": W, "height": H})
             for cls, (x, y, w, h) in boxes:
                 annotations.append({
                     "id": len(annotations) + 1 + 1000 * image_id, "image_id": image_id,

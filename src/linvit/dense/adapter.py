@@ -15,11 +15,17 @@ Deliberate differences from the reference code (czczup/ViT-Adapter):
   resampled to every output stride.
 - GroupNorm instead of (Sync)BatchNorm in the prior and on the outputs: CPU batches are 2-4
   images.
+- The ViT's map is resampled to each output stride with antialiasing (a patch-4 map shrinks 8x
+  to stride 32); no drop path in the ConvFFN, the ViT feature is always added, and no layer-wise
+  learning-rate decay (weight decay skips gamma, level embeddings, norms and biases, as there).
 Initialised on purpose: every injector's gamma is zero, so before training the ViT computes
-exactly what the checkpoint computes and the adapter only reads it.
+exactly what the checkpoint computes and the adapter only reads it. The rest follows the
+reference: level embeddings ~ N(0, 1), linear layers truncated-normal (std 0.02), convolutions
+normal with fan-out variance, mmcv's own init for the deformable attention.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +38,7 @@ PRIOR_STRIDES = (8, 16, 32)        # injected into the ViT and extracted from it
 @dataclass(frozen=True)
 class AdapterSpec:
     interactions: tuple[tuple[int, int], ...]   # (first, last) ViT block of each interaction
-    heads: int = 6
+    heads: int = 6                 # deformable-attention heads (6 for DeiT-T/S, 12 for DeiT-B)
     points: int = 4
     deform_ratio: float = 1.0      # value projection width / ViT width
     cffn_ratio: float = 0.25       # ConvFFN hidden width / ViT width
@@ -59,6 +65,31 @@ def check_interactions(interactions, depth: int) -> None:
     if expected != depth:
         raise ValueError(f"adapter interactions {list(map(list, interactions))} end at block "
                          f"{expected - 1}, the ViT has {depth} blocks")
+
+
+def default_heads(vit_heads: int) -> int:
+    """ViT-Adapter's deformable heads: 6, or the ViT's own count when larger (12 at ViT-B)."""
+    return max(6, vit_heads)
+
+
+def init_like_reference(module: nn.Module) -> None:
+    """The reference's init for the adapter's own layers (not mmcv's deformable attention, which
+    initialises its sampling offsets on purpose)."""
+    from mmcv.ops import MultiScaleDeformableAttention
+
+    own = {id(inner) for m in module.modules() if isinstance(m, MultiScaleDeformableAttention)
+           for inner in m.modules()}
+    for m in module.modules():
+        if id(m) in own:
+            continue
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)):
+            fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels // m.groups
+            nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / fan_out))
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
 
 
 def _conv(cin: int, cout: int, stride: int) -> list[nn.Module]:
@@ -102,7 +133,8 @@ class Levels:
     normalised centre of every token (what multi-scale deformable attention takes)."""
 
     def __init__(self, shapes: list[tuple[int, int]], device):
-        self.shapes = torch.as_tensor(shapes, dtype=torch.long, device=device)
+        self.hw = [(int(h), int(w)) for h, w in shapes]      # Python ints: no device syncs
+        self.shapes = torch.as_tensor(self.hw, dtype=torch.long, device=device)
         sizes = self.shapes.prod(1)
         self.starts = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)[:-1]])
         centres = []
@@ -115,14 +147,18 @@ class Levels:
     def attend(self, attention: nn.Module, query, value, reference) -> torch.Tensor:
         """attention(query -> value at these levels), without mmcv's residual."""
         return attention(query, value=value, identity=torch.zeros_like(query),
-                         reference_points=reference.centres, spatial_shapes=self.shapes,
-                         level_start_index=self.starts)
+                         reference_points=reference.centres.to(query.dtype),
+                         spatial_shapes=self.shapes, level_start_index=self.starts)
 
     def split(self, tokens: torch.Tensor) -> list[torch.Tensor]:
         """(B, tokens, C) -> one (B, C, h, w) map per level."""
-        sizes = self.shapes.prod(1).tolist()
+        sizes = [h * w for h, w in self.hw]
         return [t.transpose(1, 2).reshape(t.shape[0], t.shape[2], h, w)
-                for t, (h, w) in zip(tokens.split(sizes, 1), self.shapes.tolist())]
+                for t, (h, w) in zip(tokens.split(sizes, 1), self.hw)]
+
+
+def _norm(width: int) -> nn.LayerNorm:
+    return nn.LayerNorm(width, eps=1e-6)
 
 
 class Injector(nn.Module):
@@ -130,7 +166,7 @@ class Injector(nn.Module):
 
     def __init__(self, width: int, spec: AdapterSpec):
         super().__init__()
-        self.norm_query, self.norm_prior = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.norm_query, self.norm_prior = _norm(width), _norm(width)
         self.attention = _deformable(width, spec, len(PRIOR_STRIDES))
         self.gamma = nn.Parameter(torch.zeros(width))
 
@@ -146,9 +182,9 @@ class Extractor(nn.Module):
     def __init__(self, width: int, spec: AdapterSpec):
         super().__init__()
         hidden = max(1, int(width * spec.cffn_ratio))
-        self.norm_query, self.norm_vit = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.norm_query, self.norm_vit = _norm(width), _norm(width)
         self.attention = _deformable(width, spec, 1)
-        self.norm_ffn = nn.LayerNorm(width)
+        self.norm_ffn = _norm(width)
         self.fc1, self.fc2 = nn.Linear(width, hidden), nn.Linear(hidden, width)
         self.dwconv = nn.Conv2d(hidden, hidden, 3, 1, 1, groups=hidden)
 
@@ -175,12 +211,14 @@ class ViTAdapter(nn.Module):
         check_interactions(spec.interactions, depth)
         self.spec = spec
         self.prior = SpatialPrior(width, spec.channels, in_chans)
-        self.level_embed = nn.Parameter(torch.randn(len(PRIOR_STRIDES), width) * 0.02)
+        self.level_embed = nn.Parameter(torch.randn(len(PRIOR_STRIDES), width))
         self.injectors = nn.ModuleList(Injector(width, spec) for _ in spec.interactions)
         count = len(spec.interactions) + spec.extra_extractors
         self.extractors = nn.ModuleList(Extractor(width, spec) for _ in range(count))
         self.up = nn.ConvTranspose2d(width, width, 2, 2)
         self.norms = nn.ModuleList(nn.GroupNorm(1, width) for _ in range(4))
+        for module in (self.prior, self.up, self.extractors):
+            init_like_reference(module)
 
     def forward(self, vit: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """`vit` (not a submodule here: the backbone owns it, under its checkpoint's names)
@@ -206,5 +244,5 @@ class ViTAdapter(nn.Module):
         # the ViT's own map at every stride (ViT-Adapter's add_vit_feature)
         vit_map = grid.split(tokens[:, prefix:])[0]
         outs = [o + F.interpolate(vit_map, size=o.shape[2:], mode="bilinear",
-                                  align_corners=False) for o in outs]
+                                  align_corners=False, antialias=True) for o in outs]
         return tuple(norm(o) for norm, o in zip(self.norms, outs))

@@ -56,16 +56,23 @@ def adapted_state(checkpoint: str, model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def adapter_spec(settings: dict, depth: int):
-    """linvit.dense.adapter.AdapterSpec from AdapterCfg's fields, interactions checked against
-    the ViT's depth."""
-    from linvit.dense.adapter import AdapterSpec, check_interactions, even_interactions
+def adapter_spec(settings: dict, depth: int, vit_heads: int):
+    """linvit.dense.adapter.AdapterSpec from AdapterCfg's fields, for a ViT of `depth` blocks and
+    `vit_heads` heads (interactions checked against the depth)."""
+    from linvit.dense.adapter import (
+        AdapterSpec,
+        check_interactions,
+        default_heads,
+        even_interactions,
+    )
 
     settings = dict(settings)
     pairs = settings.pop("interactions", None)
     interactions = (tuple(tuple(p) for p in pairs) if pairs is not None
                     else even_interactions(depth))
     check_interactions(interactions, depth)
+    if settings.get("heads") is None:
+        settings["heads"] = default_heads(vit_heads)
     return AdapterSpec(interactions=interactions, **settings)
 
 
@@ -83,19 +90,28 @@ class LinViTBackbone(nn.Module):
         self.vit = create_vit(self.spec)
         load_strict(self.vit, adapted_state(checkpoint, self.vit), checkpoint)
         self.vit.requires_grad_(not frozen_vit)
+        self.frozen_vit = frozen_vit
         self.patch = self.vit.patch_embed.patch_size[0]
         width = self.vit.embed_dim
         self.out_channels = [width] * len(STRIDES)
         if neck == "adapter":
             from linvit.dense.adapter import ViTAdapter
 
-            spec = adapter_spec(adapter or {}, len(self.vit.blocks))
+            spec = adapter_spec(adapter or {}, len(self.vit.blocks),
+                                self.vit.blocks[0].attn.num_heads)
             self.adapter = ViTAdapter(width, len(self.vit.blocks), spec, in_chans)
         elif neck == "simple":
             self.levels = nn.ModuleList(_level(width, self.patch / s) for s in STRIDES)
         else:
             raise ValueError(f"neck: {neck!r} is not simple or adapter")
         self.neck = neck
+
+    def train(self, mode: bool = True):
+        """A frozen ViT stays in eval mode: no stochastic depth or dropout in its blocks."""
+        super().train(mode)
+        if self.frozen_vit:
+            self.vit.eval()
+        return self
 
     def init_weights(self) -> None:
         """The ViT's weights come from the checkpoint and the neck's from its own init (the

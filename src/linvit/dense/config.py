@@ -42,7 +42,7 @@ class DenseDataCfg:
 class AdapterCfg:
     """ViT-Adapter's settings (linvit.dense.adapter.AdapterSpec)."""
     interactions: list[list[int]] | None = None   # [first, last] blocks; None: 4 even shares
-    heads: int = 6                    # deformable-attention heads (must divide the width)
+    heads: int | None = None          # deformable-attention heads; None: max(6, the ViT's)
     points: int = 4                   # sampling points per head and level
     deform_ratio: float = 1.0         # value projection width / ViT width
     cffn_ratio: float = 0.25          # ConvFFN hidden width / ViT width
@@ -50,8 +50,13 @@ class AdapterCfg:
     extra_extractors: int = 2         # after the last interaction
 
     def validate(self, p: str) -> None:
-        for name in ("heads", "points", "channels", "deform_ratio", "cffn_ratio"):
+        for name in ("points", "channels", "deform_ratio", "cffn_ratio"):
             positive(f"{p}.{name}", getattr(self, name))
+        if self.heads is not None:
+            positive(f"{p}.heads", self.heads)
+        if self.channels % 8:
+            raise ConfigError(f"{p}.channels: {self.channels} is not a multiple of 8 (the "
+                              "spatial prior's GroupNorm groups)")
         positive(f"{p}.extra_extractors", self.extra_extractors, allow_zero=True)
         for i, pair in enumerate(self.interactions or []):
             if len(pair) != 2:
@@ -65,8 +70,9 @@ class DenseModelCfg:
     # the multi-scale maps from the ViT: ViTDet's simple feature pyramid, or ViT-Adapter
     neck: Literal["simple", "adapter"] = "simple"
     adapter: AdapterCfg = field(default_factory=AdapterCfg)
-    # the checkpoint's ViT as a fixed feature extractor (neck and heads train): a cheaper
-    # schedule, and a score of the features themselves
+    # the checkpoint's ViT fixed (weights, and eval mode: no drop path) while neck and heads
+    # train: a cheaper schedule; with the simple neck, a score of the features themselves (the
+    # adapter's injections still change what the fixed blocks see)
     frozen_vit: bool = False
 
     def validate(self, p: str) -> None:

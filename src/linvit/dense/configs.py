@@ -46,7 +46,12 @@ def _common(cfg, work_dir: str, scope: str, evaluator: dict) -> dict:
         test_evaluator=evaluator,
         optim_wrapper=dict(type="OptimWrapper", clip_grad=dict(max_norm=1.0),
                            optimizer=dict(type="AdamW", lr=cfg.optim.lr,
-                                          weight_decay=cfg.optim.weight_decay)),
+                                          weight_decay=cfg.optim.weight_decay),
+                           # no decay on norms, biases, embeddings and the adapter's gates
+                           paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0,
+                                              custom_keys={k: dict(decay_mult=0.0) for k in (
+                                                  "pos_embed", "cls_token", "level_embed",
+                                                  "gamma")})),
         param_scheduler=[
             dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0,
                  end=max(1, it // 10)),
@@ -86,11 +91,14 @@ def segmentation_config(cfg, width: int, mean, std, work_dir: str) -> dict:
         classes, ds_type, extra = CLASSES, "BaseSegDataset", dict(metainfo=dict(classes=CLASSES))
     else:                                             # real ADE20K (150 classes, 0 = ignore)
         classes, ds_type, extra = [None] * 150, "ADE20KDataset", dict(reduce_zero_label=True)
-    # ADE20K's 0 (unlabelled) -> ignore: the dataset's reduce_zero_label, which the loader reads
-    pipeline = [dict(type="LoadImageFromFile"), dict(type="LoadAnnotations"),
-                dict(type="Resize", scale=(d.img_size, d.img_size), keep_ratio=False)]
-    train_pipe = pipeline + [dict(type="RandomFlip", prob=0.5), dict(type="PackSegInputs")]
-    test_pipe = pipeline + [dict(type="PackSegInputs")]
+    # ADE20K's 0 (unlabelled) -> ignore: the dataset's reduce_zero_label, which the loader reads.
+    # Evaluation scores the label map at its own size (annotations loaded after the resize, as
+    # mmseg's configs): predictions are resized back to the image's original shape.
+    load, annotations = dict(type="LoadImageFromFile"), dict(type="LoadAnnotations")
+    resize = dict(type="Resize", scale=(d.img_size, d.img_size), keep_ratio=False)
+    train_pipe = [load, annotations, resize, dict(type="RandomFlip", prob=0.5),
+                  dict(type="PackSegInputs")]
+    test_pipe = [load, resize, annotations, dict(type="PackSegInputs")]
 
     def dataset(split: str, pipe):
         return dict(type=ds_type, data_root=d.root, pipeline=pipe, img_suffix=".png"

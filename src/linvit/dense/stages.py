@@ -89,12 +89,15 @@ def check_adapter(adapter, size) -> None:
     from linvit.dense.backbone import adapter_spec
 
     try:
-        adapter_spec(dataclasses.asdict(adapter), size.depth)
+        spec = adapter_spec(dataclasses.asdict(adapter), size.depth, size.heads)
     except ValueError as e:
         raise ConfigError(f"model.adapter.interactions: {e}") from None
-    if size.width % adapter.heads:
-        raise ConfigError(f"model.adapter.heads: {adapter.heads} does not divide the backbone's "
-                          f"width {size.width}")
+    # mmcv splits the query width and the value projection's width over the heads
+    value_width = int(size.width * spec.deform_ratio)
+    for what, width in (("width", size.width), ("value width (x deform_ratio)", value_width)):
+        if width % spec.heads:
+            raise ConfigError(f"model.adapter.heads: {spec.heads} does not divide the backbone's "
+                              f"{what} {width}")
 
 
 def build_config(task: str, cfg: DenseConfig, width: int, mean, std, work_dir: str):
