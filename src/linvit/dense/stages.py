@@ -32,8 +32,9 @@ def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
     if cfg.data.kind != "scenes" and (cfg.data.kind == "coco") != (task == "detect"):
         raise ConfigError(f"data.kind: {cfg.data.kind!r} does not fit {task}")
     check_folder(cfg.data)
+    spec = read_spec(cfg.checkpoint)
     if cfg.model.neck == "adapter":
-        check_adapter(cfg.model.adapter, SIZES[read_spec(cfg.checkpoint).size])
+        check_adapter(cfg.model.adapter, SIZES[spec.size])
     run = prepare_run(cfg, out, task, replace)
     if run.finished:
         return completed_metrics(run)
@@ -41,7 +42,6 @@ def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
     seed_everything(cfg.run.seed)
     if cfg.data.kind == "scenes":
         verify_scenes(cfg.data.root)
-    spec = read_spec(cfg.checkpoint)
     read_state_dict(cfg.checkpoint)                             # its checksum, before any write
     if MAPS_KEY in read_metadata(cfg.checkpoint):
         raise ConfigError(f"checkpoint: {cfg.checkpoint} runs on its teacher's attention maps "
