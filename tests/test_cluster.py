@@ -1,5 +1,6 @@
 """linvit.cluster: the SLURM profile's site settings and job-status command, checked before any
-submission (the cluster itself: tests/workflow/test_slurm.py)."""
+submission; and how a job's processes share its allocation (linvit.runs.runtime). The cluster
+itself: tests/workflow/test_slurm.py."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +16,7 @@ from linvit.cluster import (
     unset_variables,
 )
 from linvit.errors import ConfigError
+from linvit.runs.runtime import check_gpu_share, process_threads
 
 PROFILE = Path(__file__).resolve().parents[1] / "workflow" / "profiles" / "slurm" / "config.yaml"
 
@@ -86,3 +88,19 @@ def test_scontrol_settings_are_read_by_exact_key():
     assert scontrol_setting(text, "AccountingStorageType") == "accounting_storage/none"
     assert scontrol_setting(text, "AccountingStorage") is None
     assert scontrol_setting(text, "MinJobAge") == "600 sec"
+
+
+@pytest.mark.parametrize("threads, processes, share", [
+    (32, 8, 4), (2, 2, 1), (1, 2, 1), (3, 2, 1), (2, 1, 2), (None, 4, None), (4, 0, 4)])
+def test_the_processes_of_a_job_share_its_threads(threads, processes, share):
+    """`linvit --nproc N` on a job of T cores: each process takes T // N threads (at least one),
+    not T each."""
+    assert process_threads(threads, processes) == share
+
+
+def test_a_process_without_a_gpu_of_its_own_is_refused(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    check_gpu_share(1, 2)
+    with pytest.raises(ConfigError, match=r"process 2 of this node has no GPU of its own: torch "
+                                          r"sees 2 \(CUDA_VISIBLE_DEVICES=0,1\)"):
+        check_gpu_share(2, 2)
