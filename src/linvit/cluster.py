@@ -83,8 +83,8 @@ def check_status_command(status_command: str | None, show_config: str) -> None:
             "(scontrol show config: AccountingStorageType = accounting_storage/none), so sacct "
             "cannot report job states: use squeue instead (--slurm-status-command squeue, or "
             "slurm-status-command: squeue in the profile). squeue sees an ended job only for "
-            f"MinJobAge after its end (here {min_age}); it must exceed Snakemake's status-check "
-            "interval (ask the admins for >= 120 s).")
+            f"MinJobAge after its end (here {min_age}), which must be longer than the plugin's "
+            "status checks are apart (up to 180 s).")
 
 
 def slurm_show_config() -> str:
