@@ -26,13 +26,26 @@ CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scontrol", "scancel", "sacct")
 PARTITION = "linvit"
 
 
+# where Debian puts them, whether or not the sbin folders are on PATH
+SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin", "/sbin",
+                               "/bin"])
+
+
 class Unavailable(Exception):
     """SLURM cannot run here (not installed and not installable): the tests skip, saying why."""
 
 
+def program(name: str) -> str:
+    """The full path of a SLURM or munge program (never one of LocalSlurm's wrappers)."""
+    found = shutil.which(name, path=SEARCH_PATH)
+    if not found:
+        raise Unavailable(f"{name} is not installed")
+    return found
+
+
 def ensure_installed() -> None:
     """Install slurm-wlm and munge from Debian when one of their programs is missing."""
-    if all(shutil.which(p) for p in (*DAEMONS, *CLIENTS)):
+    if all(shutil.which(p, path=SEARCH_PATH) for p in (*DAEMONS, *CLIENTS)):
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         raise Unavailable("slurm-wlm and munge are not installed, and installing them needs root "
@@ -97,8 +110,8 @@ class LocalSlurm:
         self._write_wrappers()
         self._start_munge()
         self._write_conf()
-        self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
-        self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.node])
+        self._spawn("slurmctld", [program("slurmctld"), "-D", "-f", str(self.conf)])
+        self._spawn("slurmd", [program("slurmd"), "-D", "-f", str(self.conf), "-N", self.node])
         wait_for("the node idle", self._node_idle, 90, self.root / "log" / "slurmctld.log")
 
     def stop(self) -> None:
@@ -138,7 +151,7 @@ class LocalSlurm:
     def _write_wrappers(self) -> None:
         self.bin.mkdir(exist_ok=True)
         for name in CLIENTS:
-            target = shutil.which(name, path=os.defpath + ":/usr/sbin:/usr/bin")
+            target = program(name)
             wrapper = self.bin / name
             wrapper.write_text(f"#!/bin/sh\nSLURM_CONF={shlex.quote(str(self.conf))} "
                                f"exec {shlex.quote(target)} \"$@\"\n")
@@ -150,13 +163,13 @@ class LocalSlurm:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         self.munge_socket = munge / "munge.socket"
-        self._spawn("munged", ["munged", "--foreground", "--force", f"--key-file={key}",
+        self._spawn("munged", [program("munged"), "--foreground", "--force", f"--key-file={key}",
                                f"--socket={self.munge_socket}", f"--pid-file={munge}/munged.pid",
                                f"--log-file={munge}/munged.log", f"--seed-file={munge}/seed"])
         wait_for("munged's socket", self.munge_socket.exists, 30, munge / "munged.log")
 
     def _write_conf(self) -> None:
-        hardware = subprocess.run(["slurmd", "-C"], capture_output=True, text=True,
+        hardware = subprocess.run([program("slurmd"), "-C"], capture_output=True, text=True,
                                   check=True).stdout
         node_line = hardware.splitlines()[0]                   # NodeName=... CPUs=... RealMemory=
         self.node = re.search(r"NodeName=(\S+)", node_line).group(1)

@@ -74,9 +74,11 @@ def on_slurm(project: Path, slurm: LocalSlurm, *args: str,
 
 
 def grid_config(results: str, mnist_root: Path) -> dict:
-    """The small grid (one operator, three strategies) and the benchmark, whose threads used to
-    need a total number of cores that a cluster run does not have."""
-    return {**small_config(results, mnist_root, reference_strategies=[]), "bench": TINY["bench"]}
+    """The small grid cut to two cells (random, copy_mlp+distill: one finishes before the
+    interrupt, the other is interrupted) and the benchmark, whose threads used to need a total
+    number of cores that a cluster run does not have."""
+    return {**small_config(results, mnist_root, reference_strategies=[],
+                           strategies=["random", "copy_mlp+distill"]), "bench": TINY["bench"]}
 
 
 def training_job_in_slurm(results: Path) -> psutil.Process:
@@ -181,7 +183,7 @@ def test_every_job_of_the_cluster_run_went_through_sbatch(grids, slurm):
         assert set(submitted) <= set(ended)
     assert not re.findall(r"^localrule (?!all:)", "\n".join(grids["logs"]), re.M)
     runs = [p.parent for p in grids["cluster"].glob("**/metrics.json")]
-    assert len(runs) >= 5                      # teacher, distill, three cells, maps, bench
+    assert len(runs) >= 5                      # teacher, distill, two cells, maps
     for run in runs:
         env = json.loads((run / "metrics.json").read_text())["env"]
         assert ended.get(env["slurm_job"]) == "COMPLETED", (run, env)
@@ -195,7 +197,7 @@ def test_an_interrupted_cluster_run_resumes_without_recomputing(grids):
     assert {p.relative_to(cluster).parts[0] for p in finished} == {"teachers", "cells"}
     assert finished.items() <= done.items() and interrupted not in done
     cells = list(cluster.glob("cells/**/record.json"))
-    assert 1 <= len([p for p in done if "/cells/" in str(p)]) < len(cells) == 3
+    assert 1 <= len([p for p in done if "/cells/" in str(p)]) < len(cells) == 2
     assert all(p.stat().st_mtime_ns == t for p, t in done.items())     # finished jobs kept
     assert json.loads(interrupted.read_text())["status"] == "ok"
     assert (cluster / "report.md").is_file()
@@ -252,7 +254,9 @@ def test_the_documented_command_reaches_sbatch(tmp_path, slurm):
     assert not SUBMITTED.search(output) and not slurm.queue()
     log = tmp_path / "squeue.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([*command, "--slurm-status-command", "squeue"], cwd=project,
+        # (the first status check after 1 s, not 40: Ctrl-C waits for it)
+        proc = subprocess.Popen([*command, "--slurm-status-command", "squeue",
+                                 "--slurm-init-seconds-before-status-checks", "1"], cwd=project,
                                 env=site_env(slurm), stdout=out, stderr=subprocess.STDOUT,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
