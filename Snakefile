@@ -39,6 +39,15 @@ include: "workflow/rules/bench.smk"
 include: "workflow/rules/robustness.smk"
 
 
+# The executor and its settings are known only once the run starts (not while this file is
+# read): on SLURM, refuse a job-status command the cluster cannot answer before submitting.
+onstart:
+    from linvit import cluster
+
+    cluster.check_executor(getattr(workflow.executor_plugin, "name", None),
+                           workflow.executor_settings)
+
+
 rule all:
     input:
         f"{RESULTS}/report.md",

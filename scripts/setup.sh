@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up linvit on a fresh machine; safe to rerun (a stamp skips pip when nothing changed).
-#   - a virtual environment in .venv with torch, timm, linvit (editable), Snakemake, pandas,
-#     matplotlib and the test tools
+#   - a virtual environment in .venv with torch, timm, linvit (editable), Snakemake and its SLURM
+#     executor plugin, pandas, matplotlib and the test tools
 #   - with --dense, the OpenMMLab stack for the dense tasks (scripts/setup_openmmlab.sh: mmcv is
 #     compiled once, ~8 min on 2 cores, then reused from ~/.cache/linvit/wheels)
 #   - Fashion-MNIST from Debian's dataset-fashion-mnist package, when missing and apt is usable
@@ -19,7 +19,7 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # shellcheck disable=SC2086
   .venv/bin/python -m pip install -q $TORCH_SPEC
-  .venv/bin/python -m pip install -q -e ".[workflow,test,data]"
+  .venv/bin/python -m pip install -q -e ".[workflow,test,data,slurm]"
   touch "$stamp"
 fi
 

@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="linvit", description=__doc__.split("\n")[0])
     parser.add_argument("--nproc", type=int, default=1,
                         help="processes (GPUs) for data-parallel training; >1 relaunches "
-                             "this command under torch.distributed.run")
+                             "this command under torch.distributed.run (run.threads is then "
+                             "shared among them)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, stage in STAGES.items():
         p = sub.add_parser(name, help=stage.help, description=stage.help)

@@ -157,7 +157,8 @@ class RunCfg:
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: bool = True                  # bf16 autocast on CUDA; CPU runs stay in float32
-    threads: int | None = None        # torch intra-op threads (None: torch's default)
+    # CPU threads of the job on this node, shared by its processes (--nproc) (None: torch's default)
+    threads: int | None = None
     progress: bool = True
     eval_every: int = 1               # evaluate on the test split every k epochs (0: at the end)
 

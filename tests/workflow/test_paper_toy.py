@@ -91,7 +91,7 @@ def test_the_paper_grid_runs_end_to_end_at_toy_scale(tmp_path):
                               shift_folders(tmp_path / "shifts"))
     (project / "config" / "toy_paper.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     run = snakemake(project, "--cores", "2", "--configfile", "config/toy_paper.yaml",
-                    "--set-resources", "distill:gpu=2", "finetune:gpu=2", timeout=1500)
+                    "--set-resources", "distill:nproc=2", "finetune:nproc=2", timeout=1500)
     assert run.returncode == 0, run.stderr[-4000:]
     results = project / "results"
     frame = pd.read_csv(results / "results.csv")

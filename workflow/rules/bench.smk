@@ -17,9 +17,12 @@ rule bench:
         dir=f"{BENCH}/run",
         key=json.dumps({"stage": "bench"}),
         args=grid.bench_args(config, f"{BENCH}/run"),
-    # every core: timings must not share the machine with other jobs
-    threads: workflow.cores
+    # Every core of the machine it runs on, counted there (the Snakefile is read again inside a
+    # cluster job): timings must not share the machine with other jobs. Locally Snakemake caps
+    # it at --cores; a cluster run has no such total, so it must not be asked for.
+    threads: os.cpu_count() or 1
     resources:
         gpu=0,
+        nproc=1,
     shell:
         RUN_AND_RECORD

@@ -4,15 +4,27 @@
 # Shell commands quote every substitution ({x:q}); the only unquoted ones are complete argument
 # strings built with shlex (grid.*_args, PYTHON), so no path or name can split or run a command.
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 
 SRC = Path(workflow.basedir) / "src"
 
-from linvit import deps  # noqa: E402   (grid: imported by the Snakefile)
+from linvit import cluster, deps  # noqa: E402   (grid: imported by the Snakefile)
 
 grid.check_config(config, str(Path(workflow.basedir) / "Snakefile"))
+
+
+def profile_resources(settings):
+    """The `name=value` texts of the run's default-resources and set-resources (a profile's
+    included), before Snakemake expands environment variables in them."""
+    resources = [settings.default_resources, *settings.overwrite_resources.values()]
+    return [arg for r in resources if r is not None for arg in getattr(r, "args", None) or []]
+
+
+# A profile's site settings ($LINVIT_SLURM_PARTITION, ...) must be set before any job is planned.
+cluster.check_site_settings(profile_resources(workflow.resource_settings), os.environ)
 
 RESULTS = config["results"]
 CELLS = grid.expand_grid(config)
@@ -61,7 +73,7 @@ def cell_of(wc):
 # workflow) leaves no record: it has not failed, and the next run resumes it.
 RUN_AND_RECORD = """
 status=0
-{LINVIT} --nproc {resources.gpu} {params.args} run.threads={threads} > {log:q} 2>&1 || status=$?
+{LINVIT} --nproc {resources.nproc:q} {params.args} run.threads={threads} > {log:q} 2>&1 || status=$?
 if [ $status -ge 128 ]; then exit $status; fi
 {REPORT} record --kind {params.kind:q} --key {params.key:q} --run-dir {params.dir:q} \
     --status $status --log {log:q} --out {output.record:q}

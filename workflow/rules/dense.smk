@@ -52,6 +52,7 @@ rule dense_job:
     threads: 1
     resources:
         gpu=0,
+        nproc=1,
     shell:
         RUN_AND_RECORD
 

@@ -138,6 +138,7 @@ rule attention_maps:
     threads: 1
     resources:
         gpu=0,
+        nproc=1,
     shell:
         RUN_AND_RECORD
 

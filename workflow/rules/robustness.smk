@@ -25,6 +25,7 @@ rule corrupt:
     threads: 1
     resources:
         gpu=0,
+        nproc=1,
     shell:
         RUN_AND_RECORD
 
@@ -63,6 +64,7 @@ rule robustness_teacher:
     threads: 1
     resources:
         gpu=0,
+        nproc=1,
     shell:
         RUN_AND_RECORD
 
@@ -89,6 +91,7 @@ rule robustness_cell:
     threads: 1
     resources:
         gpu=0,
+        nproc=1,
     shell:
         RUN_AND_RECORD
 

@@ -35,6 +35,7 @@ rule teacher:
     threads: 2
     resources:
         gpu=0,
+        nproc=1,
     shell:
         RUN_AND_RECORD
 
@@ -57,5 +58,6 @@ rule import_teacher:
     threads: 1
     resources:
         gpu=0,
+        nproc=1,
     shell:
         RUN_AND_RECORD

@@ -24,6 +24,7 @@ rule distill:
     threads: 1
     resources:
         gpu=0,
+        nproc=1,
     shell:
         RUN_AND_RECORD
 
@@ -59,5 +60,6 @@ rule finetune:
     threads: 1
     resources:
         gpu=0,
+        nproc=1,
     shell:
         RUN_AND_RECORD

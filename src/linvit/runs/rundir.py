@@ -315,7 +315,11 @@ def environment() -> dict:
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "timm": timm.__version__,
             "platform": platform.platform(), "cuda": torch.cuda.is_available(),
-            "processes": int(os.environ.get("WORLD_SIZE", "1"))}     # torch.distributed world
+            "processes": int(os.environ.get("WORLD_SIZE", "1")),     # torch.distributed world
+            "threads": torch.get_num_threads(),                      # of each process
+            # the devices and cluster job it ran in: a SLURM job's allocation, seen from inside
+            "cuda_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "slurm_job": os.environ.get("SLURM_JOB_ID")}
 
 
 def _log_to(path: Path) -> None:

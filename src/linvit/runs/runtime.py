@@ -50,6 +50,23 @@ class Runtime:
             dist.barrier()
 
 
+def process_threads(threads: int | None, local_processes: int) -> int | None:
+    """This process's share of `run.threads`, the CPU threads of the whole job on this node (a
+    workflow job's cores: `linvit --nproc N` starts N processes on them, and N processes taking
+    every core each would oversubscribe the allocation N times)."""
+    return None if not threads else max(1, threads // max(1, local_processes))
+
+
+def check_gpu_share(local_rank: int, visible: int) -> None:
+    """Each local process trains on its own GPU: more processes than visible devices (e.g. a
+    cluster job given fewer GPUs than its --nproc) is refused, naming what each side says."""
+    if local_rank >= visible:
+        raise ConfigError(
+            f"process {local_rank} of this node has no GPU of its own: torch sees {visible} "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}); run --nproc at "
+            "most the GPUs allocated to the job (a cluster job's gpu resource)")
+
+
 def setup_runtime(run_cfg) -> Runtime:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -60,9 +77,11 @@ def setup_runtime(run_cfg) -> Runtime:
     use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
+        check_gpu_share(local_rank, torch.cuda.device_count())
         torch.cuda.set_device(device)
-    if run_cfg.threads:
-        torch.set_num_threads(run_cfg.threads)
+    if threads := process_threads(run_cfg.threads,
+                                  int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))):
+        torch.set_num_threads(threads)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
     amp = torch.bfloat16 if use_cuda and run_cfg.amp else None

@@ -1,0 +1,268 @@
+"""The workflow on a real single-node SLURM cluster (local_slurm.LocalSlurm: Debian's slurm-wlm and
+munge, started for this session, no accounting database): a small grid with the benchmark
+through the project's SLURM profile equals the same grid run locally, every job going through
+sbatch; an interrupted cluster run resumes without recomputing finished jobs; a job asking two
+processes trains under torch.distributed inside its allocation; the shipped profile refuses unset
+site settings and, as documented, reaches sbatch."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from local_slurm import PARTITION, LocalSlurm, Unavailable, wait_for
+from test_paper_toy import deit_tiny_file, imagenet_folder, shift_folders, toy_paper_config
+from test_snakemake import TINY, copy_project, incomplete_outputs, small_config, snakemake
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "workflow" / "profiles" / "slurm" / "config.yaml"
+SUBMITTED = re.compile(r"has been submitted with SLURM jobid (\d+)")
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except Unavailable as e:
+        pytest.skip(f"no local SLURM cluster: {e}")
+    except BaseException:
+        cluster.stop()
+        raise
+    yield cluster
+    cluster.stop()
+
+
+def site_env(slurm: LocalSlurm) -> dict:
+    """What a user of this cluster sets: its partition, no account (it keeps none)."""
+    return {**slurm.env(), "LINVIT_SLURM_PARTITION": PARTITION, "LINVIT_SLURM_ACCOUNT": ""}
+
+
+def local_profile(project: Path) -> Path:
+    """The shipped SLURM profile with what this 2-core CPU node needs: no GPUs and one process
+    per job, memory that fits, the local profile's threads (so that both runs compute the same
+    numbers), squeue for job status (no accounting here), checked from the first second on."""
+    profile = yaml.safe_load(SHIPPED.read_text())
+    local = yaml.safe_load((ROOT / "workflow/profiles/local/config.yaml").read_text())
+    cpu = {"gpu": 0, "nproc": 1, "mem_mb": 2000, "runtime": 30}
+    profile.update({
+        "slurm-status-command": "squeue", "slurm-init-seconds-before-status-checks": 1,
+        "default-resources": {**profile["default-resources"], **cpu},
+        "set-threads": local["set-threads"],
+        "set-resources": {rule: {**res, **cpu} for rule, res in profile["set-resources"].items()}})
+    path = project / "profiles" / "local-slurm"
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    return path
+
+
+def on_slurm(project: Path, slurm: LocalSlurm, *args: str,
+             timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "snakemake", *args,
+                           "--workflow-profile", str(project / "profiles" / "local-slurm")],
+                          cwd=project, env=site_env(slurm), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def grid_config(results: str, mnist_root: Path) -> dict:
+    """The small grid cut to two cells (random, copy_mlp+distill: one finishes before the
+    interrupt, the other is interrupted) and the benchmark, whose threads used to need a total
+    number of cores that a cluster run does not have."""
+    return {**small_config(results, mnist_root, reference_strategies=[],
+                           strategies=["random", "copy_mlp+distill"]), "bench": TINY["bench"]}
+
+
+def training_job_in_slurm(results: Path) -> psutil.Process:
+    """A distill or finetune job of this grid, running under slurmd, stopped (SIGSTOP): it cannot
+    finish, so the interrupt that follows lands mid-job whatever the timing."""
+    def stopped():
+        for proc in psutil.process_iter():
+            try:
+                words = proc.cmdline()
+                if not ("linvit.cli" in words and {"distill", "finetune"} & set(words)
+                        and any(str(results) in w for w in words)):
+                    continue
+                proc.suspend()
+                wait_for("the stop", lambda p=proc: p.status() in (psutil.STATUS_STOPPED,
+                                                                   psutil.STATUS_ZOMBIE), 30)
+                if proc.status() == psutil.STATUS_STOPPED:
+                    return proc
+            except psutil.NoSuchProcess:       # ended before it could be stopped: the next one
+                pass
+        return None
+    return wait_for("a distill or finetune job running", stopped, 600)
+
+
+def interrupt_grid(project: Path, slurm: LocalSlurm, args: list[str], results: Path):
+    """The whole grid, interrupted as Ctrl-C does while a training job runs; returns the stopped
+    job's record path and Snakemake's log. Snakemake cancels its SLURM jobs on the way out."""
+    log = project / "interrupted.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "snakemake", *args], cwd=project,
+                                env=site_env(slurm), stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        job = training_job_in_slurm(results)
+        words = job.cmdline()
+        interrupted = Path(words[words.index("-o") + 1]) / "record.json"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+        wait_for("the cancelled jobs gone", lambda: not slurm.queue(), 120)
+    finally:
+        if proc.poll() is None:                # the test failed: leave no workflow behind
+            proc.kill()
+            proc.wait()
+    with contextlib.suppress(psutil.NoSuchProcess):    # cancelled: it dies on its SIGTERM
+        job.resume()
+    return interrupted, log.read_text()
+
+
+@pytest.fixture(scope="module")
+def grids(tmp_path_factory, mnist_root, slurm):
+    """The same grid run locally and on SLURM; the SLURM run is interrupted once and resumed."""
+    local = copy_project(tmp_path_factory.mktemp("local"))
+    (local / "config" / "grid.yaml").write_text(
+        yaml.safe_dump(grid_config("results", mnist_root), sort_keys=False))
+    run = snakemake(local, "--workflow-profile", "workflow/profiles/local",
+                    "--configfile", "config/grid.yaml")
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    project = copy_project(tmp_path_factory.mktemp("cluster"))
+    profile = local_profile(project)
+    results = project / "results"
+    (project / "config" / "grid.yaml").write_text(
+        yaml.safe_dump(grid_config(str(results), mnist_root), sort_keys=False))
+    args = ["--configfile", "config/grid.yaml", "--workflow-profile", str(profile)]
+    # First one cell and its teacher, so the jobs finished before the interrupt are known.
+    cell = results / "cells/synthetic/pretrain/cpu96/linear/random/none/seed0/record.json"
+    first = on_slurm(project, slurm, str(cell), "--configfile", "config/grid.yaml")
+    assert first.returncode == 0, first.stderr[-3000:]
+    finished = {p: p.stat().st_mtime_ns for p in results.glob("**/record.json")}
+    interrupted, interrupted_log = interrupt_grid(project, slurm, args, results)
+    in_flight = incomplete_outputs(project)
+    done = {p: p.stat().st_mtime_ns for p in results.glob("**/record.json")
+            if str(p) not in in_flight}
+    resumed = on_slurm(project, slurm, "--configfile", "config/grid.yaml")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return {"local": local / "results", "cluster": results, "finished": finished,
+            "interrupted": interrupted, "done": done,
+            "logs": [first.stderr, interrupted_log, resumed.stderr]}
+
+
+def test_the_grid_on_slurm_computes_what_the_local_run_computes(grids):
+    local, cluster = grids["local"], grids["cluster"]
+    tables = sorted(p.name for p in (local / "tables").iterdir())
+    assert tables == sorted(p.name for p in (cluster / "tables").iterdir())
+    assert "main.csv" in tables and "by_size.csv" in tables
+    for name in tables:
+        assert (cluster / "tables" / name).read_text() == (local / "tables" / name).read_text(), \
+            name
+    assert "failed" not in (cluster / "results.csv").read_text()
+    bench = json.loads((cluster / "bench" / "record.json").read_text())
+    assert bench["status"] == "ok"
+    assert "## Operator benchmark" in (cluster / "report.md").read_text()
+
+
+def test_every_job_of_the_cluster_run_went_through_sbatch(grids, slurm):
+    """Each job Snakemake ran was submitted (never run on the submit host), and SLURM recorded
+    each submission; every linvit run ran inside the SLURM job that SLURM recorded as done."""
+    ended = {job["JobId"]: job["JobState"] for job in slurm.completed_jobs()}
+    for log in grids["logs"]:
+        ran = re.findall(r"^rule (\w+):$", log, re.M)
+        submitted = SUBMITTED.findall(log)
+        assert ran and len(submitted) == len(ran), log[-3000:]
+        assert set(submitted) <= set(ended)
+    assert not re.findall(r"^localrule (?!all:)", "\n".join(grids["logs"]), re.M)
+    runs = [p.parent for p in grids["cluster"].glob("**/metrics.json")]
+    assert len(runs) >= 5                      # teacher, distill, two cells, maps
+    for run in runs:
+        env = json.loads((run / "metrics.json").read_text())["env"]
+        assert ended.get(env["slurm_job"]) == "COMPLETED", (run, env)
+
+
+def test_an_interrupted_cluster_run_resumes_without_recomputing(grids):
+    """Ctrl-C while a training job runs (and others wait in the queue): Snakemake cancels its
+    SLURM jobs, and the next run reruns only unfinished jobs and completes the grid."""
+    finished, done, interrupted = grids["finished"], grids["done"], grids["interrupted"]
+    cluster = grids["cluster"]
+    assert {p.relative_to(cluster).parts[0] for p in finished} == {"teachers", "cells"}
+    assert finished.items() <= done.items() and interrupted not in done
+    cells = list(cluster.glob("cells/**/record.json"))
+    assert 1 <= len([p for p in done if "/cells/" in str(p)]) < len(cells) == 2
+    assert all(p.stat().st_mtime_ns == t for p, t in done.items())     # finished jobs kept
+    assert json.loads(interrupted.read_text())["status"] == "ok"
+    assert (cluster / "report.md").is_file()
+
+
+def test_a_job_asking_two_processes_runs_them_in_its_allocation(tmp_path, mnist_root, slurm):
+    """nproc=2: `linvit --nproc 2` inside one SLURM job of two cores, two CPU processes under
+    torch.distributed, each with its share of the job's threads."""
+    project = copy_project(tmp_path / "project")
+    local_profile(project)
+    (project / "config" / "grid.yaml").write_text(
+        yaml.safe_dump(grid_config("results", mnist_root), sort_keys=False))
+    record = project / "results/teachers/synthetic/pretrain/cpu96/record.json"
+    run = on_slurm(project, slurm, str(record.relative_to(project)), "--set-resources",
+                   "teacher:nproc=2", "--configfile", "config/grid.yaml")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(record.read_text())["status"] == "ok"
+    env = json.loads((record.parent / "metrics.json").read_text())["env"]
+    assert (env["processes"], env["threads"], env["cuda_devices"]) == (2, 1, None)
+    job = [j for j in slurm.completed_jobs() if j["JobId"] == env["slurm_job"]]
+    assert [(j["JobState"], j["ProcCnt"]) for j in job] == [("COMPLETED", "2")]
+
+
+def test_the_shipped_profile_refuses_unset_site_settings(tmp_path):
+    project = copy_project(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LINVIT_SLURM_")}
+    run = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--workflow-profile",
+                          "workflow/profiles/slurm", "--configfile", "config/paper.yaml"],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    output = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert ("LINVIT_SLURM_PARTITION, LINVIT_SLURM_ACCOUNT are not set:\n"
+            "  LINVIT_SLURM_PARTITION: the partition jobs run in") in output, output[-2000:]
+
+
+def test_the_documented_command_reaches_sbatch(tmp_path, slurm):
+    """`snakemake --workflow-profile workflow/profiles/slurm --configfile <paper-shaped config>`,
+    the shipped profile unchanged: on this cluster (no accounting) sacct is refused before any
+    submission; with squeue, as the message says, jobs are submitted (then Ctrl-C)."""
+    project = copy_project(tmp_path / "project")
+    config = toy_paper_config(imagenet_folder(tmp_path / "imagenet"),
+                              deit_tiny_file(tmp_path / "deit_t.safetensors"),
+                              shift_folders(tmp_path / "shifts"))
+    (project / "config" / "paper_toy.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    command = [sys.executable, "-m", "snakemake", "--workflow-profile", "workflow/profiles/slurm",
+               "--configfile", "config/paper_toy.yaml"]
+    before = len(slurm.completed_jobs())
+    refused = subprocess.run(command, cwd=project, env=site_env(slurm), capture_output=True,
+                             text=True, timeout=300)
+    output = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert "slurm-status-command is sacct, but this cluster has no accounting database" in \
+        output, output[-3000:]
+    assert not SUBMITTED.search(output) and not slurm.queue()
+    log = tmp_path / "squeue.log"
+    with open(log, "w") as out:
+        # (the first status check after 1 s, not 40: Ctrl-C waits for it)
+        proc = subprocess.Popen([*command, "--slurm-status-command", "squeue",
+                                 "--slurm-init-seconds-before-status-checks", "1"], cwd=project,
+                                env=site_env(slurm), stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        wait_for("a submission", lambda: SUBMITTED.search(log.read_text()), 300)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+        wait_for("the cancelled jobs gone", lambda: not slurm.queue(), 120)
+    assert len(slurm.completed_jobs()) > before
