@@ -20,7 +20,14 @@ import pytest
 import yaml
 from local_slurm import PARTITION, LocalSlurm, Unavailable, wait_for
 from test_paper_toy import deit_tiny_file, imagenet_folder, shift_folders, toy_paper_config
-from test_snakemake import TINY, copy_project, incomplete_outputs, small_config, snakemake
+from test_snakemake import (
+    TINY,
+    copy_project,
+    incomplete_outputs,
+    is_training_job,
+    small_config,
+    snakemake,
+)
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,9 +94,7 @@ def training_job_in_slurm(results: Path) -> psutil.Process:
     def stopped():
         for proc in psutil.process_iter():
             try:
-                words = proc.cmdline()
-                if not ("linvit.cli" in words and {"distill", "finetune"} & set(words)
-                        and any(str(results) in w for w in words)):
+                if not is_training_job(proc, results):
                     continue
                 proc.suspend()
                 wait_for("the stop", lambda p=proc: p.status() in (psutil.STATUS_STOPPED,

@@ -398,6 +398,13 @@ def incomplete_outputs(project: Path) -> set[str]:
             for p in marks.rglob("*") if p.is_file()} if marks.is_dir() else set()
 
 
+def is_training_job(proc: psutil.Process, results: Path) -> bool:
+    """Whether `proc` is a linvit distill or finetune job writing under `results`."""
+    words = proc.cmdline()
+    return ("linvit.cli" in words and bool({"distill", "finetune"} & set(words))
+            and any(str(results) in w for w in words))
+
+
 def freeze_a_training_job(snake: psutil.Process, results: Path) -> psutil.Process:
     """A distill or finetune job of this workflow, stopped (SIGSTOP) while it runs: from then on it
     cannot finish, so the interrupt that follows lands mid-job whatever the timing."""
@@ -405,9 +412,7 @@ def freeze_a_training_job(snake: psutil.Process, results: Path) -> psutil.Proces
     while time.time() < deadline:
         for proc in snake.children(recursive=True):
             try:
-                words = proc.cmdline()
-                if not ("linvit.cli" in words and {"distill", "finetune"} & set(words)
-                        and any(str(results) in w for w in words)):
+                if not is_training_job(proc, results):
                     continue
                 proc.suspend()
                 while proc.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
