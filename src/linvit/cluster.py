@@ -39,6 +39,14 @@ def unset_variables(expressions: Iterable[str], environ: Mapping[str, str]) -> l
     return missing
 
 
+def resource_expressions(settings) -> list[str]:
+    """The `name=value` texts of a run's default-resources and set-resources (a profile's
+    included), before Snakemake expands environment variables in them. `settings`: Snakemake's
+    ResourceSettings (`workflow.resource_settings`)."""
+    resources = [settings.default_resources, *settings.overwrite_resources.values()]
+    return [arg for r in resources if r is not None for arg in getattr(r, "args", None) or []]
+
+
 def check_site_settings(expressions: Iterable[str], environ: Mapping[str, str]) -> None:
     """Refuse a run whose profile's resources name environment variables that are not set.
 

@@ -22,7 +22,6 @@ rule bench:
     # it at --cores; a cluster run has no such total, so it must not be asked for.
     threads: os.cpu_count() or 1
     resources:
-        gpu=0,
-        nproc=1,
+        **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD

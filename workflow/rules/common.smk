@@ -15,16 +15,8 @@ from linvit import cluster, deps  # noqa: E402   (grid: imported by the Snakefil
 
 grid.check_config(config, str(Path(workflow.basedir) / "Snakefile"))
 
-
-def profile_resources(settings):
-    """The `name=value` texts of the run's default-resources and set-resources (a profile's
-    included), before Snakemake expands environment variables in them."""
-    resources = [settings.default_resources, *settings.overwrite_resources.values()]
-    return [arg for r in resources if r is not None for arg in getattr(r, "args", None) or []]
-
-
 # A profile's site settings ($LINVIT_SLURM_PARTITION, ...) must be set before any job is planned.
-cluster.check_site_settings(profile_resources(workflow.resource_settings), os.environ)
+cluster.check_site_settings(cluster.resource_expressions(workflow.resource_settings), os.environ)
 
 RESULTS = config["results"]
 CELLS = grid.expand_grid(config)
@@ -67,6 +59,10 @@ def cell_of(wc):
     return grid.Cell(wc.dataset, wc.teacher, wc.size, wc.operator, wc.init, wc.loss,
                      int(wc.seed))
 
+
+# The resources of every RUN_AND_RECORD job, which its command reads: GPUs and linvit processes
+# (--nproc). None locally; a cluster profile's set-resources gives training rules theirs.
+RUN_RESOURCES = dict(gpu=0, nproc=1)
 
 # Every job: run linvit, then write a record (ok or failed), so one failing job shows as failed
 # in the tables instead of stopping the rest of the grid. A job killed by a signal (an interrupted

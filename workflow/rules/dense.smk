@@ -51,8 +51,7 @@ rule dense_job:
                                         grid.dense_dir(RESULTS, dense_job(wc))),
     threads: 1
     resources:
-        gpu=0,
-        nproc=1,
+        **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD
 

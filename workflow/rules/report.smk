@@ -137,8 +137,7 @@ rule attention_maps:
         args=maps_args,
     threads: 1
     resources:
-        gpu=0,
-        nproc=1,
+        **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD
 

@@ -24,8 +24,7 @@ rule corrupt:
                                           f"{grid.corrupt_dir(RESULTS, wc.dataset)}/run"),
     threads: 1
     resources:
-        gpu=0,
-        nproc=1,
+        **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD
 
@@ -63,8 +62,7 @@ rule robustness_teacher:
         args=lambda wc: robustness_args(wc, teacher_dir(wc), f"{teacher_robustness_dir(wc)}/run"),
     threads: 1
     resources:
-        gpu=0,
-        nproc=1,
+        **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD
 
@@ -90,8 +88,7 @@ rule robustness_cell:
                                         cell_robustness_dir(wc) + "/run"),
     threads: 1
     resources:
-        gpu=0,
-        nproc=1,
+        **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD
 

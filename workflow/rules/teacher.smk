@@ -34,8 +34,7 @@ rule teacher:
         args=teacher_args,
     threads: 2
     resources:
-        gpu=0,
-        nproc=1,
+        **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD
 
@@ -57,7 +56,6 @@ rule import_teacher:
                                                          wc.size)),
     threads: 1
     resources:
-        gpu=0,
-        nproc=1,
+        **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD

@@ -23,8 +23,7 @@ rule distill:
                                           distill_dir(wc)),
     threads: 1
     resources:
-        gpu=0,
-        nproc=1,
+        **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD
 
@@ -59,7 +58,6 @@ rule finetune:
         args=finetune_args,
     threads: 1
     resources:
-        gpu=0,
-        nproc=1,
+        **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD
