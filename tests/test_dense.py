@@ -21,6 +21,7 @@ from linvit.config import ConfigError, load_config
 from linvit.dense.config import ScenesConfig
 from linvit.dense.scenes import (
     CLASSES,
+    GROUND_CLASSES,
     STUFF,
     THINGS,
     SceneSpec,
@@ -58,19 +59,29 @@ def test_scenes_are_deterministic_and_hashed(scenes, tmp_path):
         verify_scenes(tmp_path)
 
 
-def test_instance_masks_match_the_label_maps(scenes):
+@pytest.mark.parametrize("ground", GROUND_CLASSES)
+def test_instance_masks_match_the_label_maps(scenes, tmp_path, ground):
     from pycocotools import mask as mask_utils
 
+    if ground != SPEC.background:
+        scenes = tmp_path
+        make_scenes(scenes, sprites(0), sprites(1), dataclasses.replace(SPEC, background=ground))
+    manifest = verify_scenes(scenes)
+    grounds = len(GROUND_CLASSES[ground])
+    assert manifest["classes"] == [*GROUND_CLASSES[ground], *THINGS]
     coco = json.loads((scenes / "coco" / "instances_train.json").read_text())
     assert coco["annotations"], "no objects were placed"
     for image in coco["images"]:
         labels = np.array(Image.open(scenes / image["file_name"].replace("images", "annotations")))
-        assert labels.max() < len(CLASSES)
+        assert labels.max() < len(manifest["classes"])
+        pixels = np.array(Image.open(scenes / image["file_name"]))
+        if ground == "black":                   # the ground's pixels are black
+            assert (pixels[labels == 0] == 0).all()
         for ann in (a for a in coco["annotations"] if a["image_id"] == image["id"]):
             mask = mask_utils.decode(ann["segmentation"]).astype(bool)
             assert mask.sum() == ann["area"] > 0
             # every visible pixel of an object carries its class in the semantic map
-            assert (labels[mask] == len(STUFF) + ann["category_id"] - 1).all()
+            assert (labels[mask] == grounds + ann["category_id"] - 1).all()
 
 
 def test_scene_settings_are_defined_once():
@@ -84,7 +95,7 @@ def test_scene_settings_are_defined_once():
     assert cfg.scene_spec() == SceneSpec(size=32, seed=5)
     assert type(cfg.scene_spec()) is SceneSpec
     for bad, message in ((dict(min_scale=0.9), "min_scale/max_scale"), (dict(size=8), "size"),
-                         (dict(seed=2**63 - 1), "seed")):
+                         (dict(seed=2**63 - 1), "seed"), (dict(background="grey"), "background")):
         with pytest.raises(ConfigError, match=message):
             SceneSpec(**bad).validate()
         with pytest.raises(ConfigError, match=message):
@@ -185,6 +196,14 @@ def test_dense_configs_name_the_scene_classes_and_a_backbone_that_builds(scenes,
     assert seg["model"]["decode_head"]["num_classes"] == len(CLASSES)
     assert det["train_dataloader"]["dataset"]["metainfo"]["classes"] == THINGS
     assert det["model"]["roi_head"]["bbox_head"]["num_classes"] == len(THINGS)
+    # the classes are the scenes' own (MANIFEST.json): on a black ground, one background class
+    black = tmp_path / "black"
+    make_scenes(black, sprites(0), sprites(1), dataclasses.replace(SPEC, background="black"))
+    seg_black = segmentation_config(dense_cfg("segment", black, backbone_ckpt, tmp_path), 96,
+                                    [0.0] * 3, [1.0] * 3, str(tmp_path))
+    assert seg_black["train_dataloader"]["dataset"]["metainfo"]["classes"] == \
+        ("background", *THINGS)
+    assert seg_black["model"]["decode_head"]["num_classes"] == 1 + len(THINGS)
     for config in (seg, det):
         entry = dict(config["model"]["backbone"])
         assert entry.pop("type") == "LinViTBackbone"

@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from linvit.dense.scenes import CLASSES, THINGS
-
 NORM = dict(type="GN", num_groups=8, requires_grad=True)
 # the standard layouts of real folders (ADEChallengeData2016, COCO 2017)
 ADE20K_SPLITS = {"train": "training", "val": "validation"}
@@ -29,6 +27,15 @@ def required_paths(kind: str) -> list[str]:
     if kind == "coco":
         return [*COCO_IMAGES.values(), *COCO_ANNOTATIONS.values()]
     return []
+
+
+def scene_classes(root: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(label-map classes, thing classes) of a scenes folder, as its MANIFEST.json records them:
+    the ground's classes depend on how the scenes were made (linvit.dense.scenes.SceneSpec)."""
+    from linvit.io import read_json
+
+    manifest = read_json(Path(root) / "MANIFEST.json")
+    return tuple(manifest["classes"]), tuple(manifest["things"])
 
 
 def _common(cfg, work_dir: str, scope: str, evaluator: dict) -> dict:
@@ -88,7 +95,8 @@ def _backbone(cfg) -> dict:
 def segmentation_config(cfg, width: int, mean, std, work_dir: str) -> dict:
     d, c = cfg.data, cfg.model.head_channels
     if d.kind == "scenes":
-        classes, ds_type, extra = CLASSES, "BaseSegDataset", dict(metainfo=dict(classes=CLASSES))
+        classes, ds_type = scene_classes(d.root)[0], "BaseSegDataset"
+        extra = dict(metainfo=dict(classes=classes))
     else:                                             # real ADE20K (150 classes, 0 = ignore)
         classes, ds_type, extra = [None] * 150, "ADE20KDataset", dict(reduce_zero_label=True)
     # ADE20K's 0 (unlabelled) -> ignore: the dataset's reduce_zero_label, which the loader reads.
@@ -149,7 +157,7 @@ def _rcnn_train_cfg() -> dict:
 
 def detection_config(cfg, width: int, mean, std, work_dir: str) -> dict:
     d, c = cfg.data, cfg.model.head_channels
-    classes = THINGS if d.kind == "scenes" else None
+    classes = scene_classes(d.root)[1] if d.kind == "scenes" else None
     ann = {"train": "coco/instances_train.json", "val": "coco/instances_val.json"} \
         if d.kind == "scenes" else COCO_ANNOTATIONS
     prefix = {"train": "", "val": ""} if d.kind == "scenes" else COCO_IMAGES

@@ -1,16 +1,17 @@
 """Embedded dense data: scenes composed from real Fashion-MNIST sprites.
 
 No real segmentation or detection set installs offline, so linvit composes one: each scene is a
-textured "stuff" background (a few regions of procedural texture) with 1-4 Fashion-MNIST objects
-pasted at random scale, colour and position; later objects occlude earlier ones, and every mask is
-the *visible* part (holes inside a garment filled). Training scenes use training-split sprites,
-validation scenes test-split sprites. The set is a pure function of (sprites, seed, sizes), and
-its validation half is hashed (MANIFEST.json) so a changed generator cannot silently change the
-benchmark.
+ground with 1-4 Fashion-MNIST objects pasted at random scale, colour and position; later objects
+occlude earlier ones, and every mask is the *visible* part (holes inside a garment filled). The
+ground is either `textured` (a few "stuff" regions of procedural texture, three stuff classes) or
+`black` (one background class: garments on black, as in the sprites' own images). Training
+scenes use training-split sprites, validation scenes test-split sprites. The set is a pure
+function of (sprites, seed, settings), and its validation half is hashed (MANIFEST.json) so a
+changed generator cannot silently change the benchmark.
 
 Written twice over the same PNG images:
     ADE20K layout   images/{training,validation}/*.png, annotations/{training,validation}/*.png
-                    (label map: 0..S-1 stuff, S..S+9 things; no ignore label)
+                    (label map: 0..S-1 ground classes, S..S+9 things; no ignore label)
     COCO layout     coco/instances_{train,val}.json with RLE masks (categories 1..10 = things)
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from PIL import Image
@@ -29,7 +31,9 @@ from linvit.io import read_json, write_json
 
 STUFF = ("stripes", "checker", "speckle")
 THINGS = fashion_mnist.CLASSES          # the sprites' classes, in the order of their labels
-CLASSES = STUFF + THINGS
+CLASSES = STUFF + THINGS                # of textured scenes
+# the ground's classes (label-map values 0..S-1) for each kind of ground
+GROUND_CLASSES = {"textured": STUFF, "black": ("background",)}
 SPRITE_THRESHOLD = 40          # sprite pixels above this (of 255) belong to the object
 MIN_VISIBLE = 16               # objects with fewer visible pixels get no instance annotation
 
@@ -46,6 +50,7 @@ class SceneSpec:
     min_scale: float = 0.35    # sprite side / scene side
     max_scale: float = 0.75
     seed: int = 0
+    background: Literal["textured", "black"] = "textured"
 
     def validate(self, p: str = "") -> None:
         # sprites are at least 8 px and placed at most a quarter outside the scene
@@ -56,6 +61,14 @@ class SceneSpec:
         in_range("seed", self.seed, 0, 2**63 - 2)          # the val split uses seed + 1
         if not 0 < self.min_scale <= self.max_scale <= 1:
             raise ConfigError("min_scale/max_scale: need 0 < min_scale <= max_scale <= 1")
+        if self.background not in GROUND_CLASSES:
+            raise ConfigError(f"background: {self.background!r} is not one of: "
+                              f"{', '.join(GROUND_CLASSES)}")
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The label map's classes: the ground's, then the things'."""
+        return GROUND_CLASSES[self.background] + THINGS
 
     def scene_spec(self) -> SceneSpec:
         """Just the scene settings (of a config that extends them): what MANIFEST.json holds."""
@@ -114,7 +127,11 @@ def compose(sprites: np.ndarray, sprite_labels: np.ndarray, spec: SceneSpec,
             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """One scene: image (H, W, 3), semantic map (H, W), visible instances [{category, mask}]."""
     size = spec.size
-    image, semantic = background(size, rng)
+    if spec.background == "textured":
+        image, semantic = background(size, rng)
+    else:                                                  # black, all of label 0
+        image, semantic = np.zeros((size, size, 3), np.uint8), np.zeros((size, size), np.uint8)
+    grounds = len(GROUND_CLASSES[spec.background])
     owner = np.full((size, size), -1, np.int32)            # which object a pixel shows
     placed = []
     for k in range(int(rng.integers(1, spec.max_objects + 1))):
@@ -130,7 +147,7 @@ def compose(sprites: np.ndarray, sprite_labels: np.ndarray, spec: SceneSpec,
         shaded = (crop[..., None].astype(np.float32) / 255 * colour).astype(np.uint8)
         image[ys, xs][alpha] = shaded[alpha]
         owner[ys, xs][alpha] = k
-        semantic[ys, xs][alpha] = len(STUFF) + int(sprite_labels[i])
+        semantic[ys, xs][alpha] = grounds + int(sprite_labels[i])
         placed.append(int(sprite_labels[i]))
     instances = [{"category": c, "mask": owner == k} for k, c in enumerate(placed)]
     return image, semantic, [o for o in instances if o["mask"].sum() >= MIN_VISIBLE]
@@ -183,8 +200,9 @@ def make_scenes(out: str | Path, train_sprites, val_sprites, spec: SceneSpec) ->
     root = Path(out)
     write_split(root, "train", *train_sprites, spec.train, spec, spec.seed)
     write_split(root, "val", *val_sprites, spec.val, spec, spec.seed + 1)
-    manifest = {"spec": asdict(spec), "classes": list(CLASSES), "stuff": list(STUFF),
-                "things": list(THINGS), "val_sha256": split_digest(root, "val")}
+    manifest = {"spec": asdict(spec), "classes": list(spec.classes),
+                "stuff": list(GROUND_CLASSES[spec.background]), "things": list(THINGS),
+                "val_sha256": split_digest(root, "val")}
     write_json(root / "MANIFEST.json", manifest)
     return manifest
 
