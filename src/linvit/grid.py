@@ -277,7 +277,7 @@ def use_shipped_grid(config: dict, configfiles: list) -> bool:
     A --configfile replaces the shipped grid rather than being merged onto it, so one that lacks
     a grid key is refused instead of silently borrowing the shipped grid's datasets or sizes.
     """
-    from linvit.config import ConfigError
+    from linvit.errors import ConfigError  # (linvit.config imports the training stack)
 
     if not configfiles:
         return True

@@ -9,11 +9,17 @@ import shlex
 import sys
 from pathlib import Path
 
+from snakemake_interface_executor_plugins.settings import ExecMode
+
 SRC = Path(workflow.basedir) / "src"
 
 from linvit import cluster, deps  # noqa: E402   (grid: imported by the Snakefile)
 
-grid.check_config(config, str(Path(workflow.basedir) / "Snakefile"))
+# The Snakemake that plans the run checks every job's config. The ones a cluster job starts to run
+# one job (--mode remote in the batch script, subprocess under srun) read the same config: checking
+# it again would import the whole training stack (~8 s) twice per job, for nothing.
+if workflow.exec_mode == ExecMode.DEFAULT:
+    grid.check_config(config, str(Path(workflow.basedir) / "Snakefile"))
 
 # A profile's site settings ($LINVIT_SLURM_PARTITION, ...) must be set before any job is planned.
 cluster.check_site_settings(cluster.resource_expressions(workflow.resource_settings), os.environ)
