@@ -34,6 +34,17 @@ def test_bad_pretrain_configs_name_the_field(overrides, message):
         load_config(PretrainConfig, None, overrides)
 
 
+def test_optimizers_checked_without_timm_are_timms():
+    """The names config checks without importing timm.optim are optimizers timm creates."""
+    from timm.optim import list_optimizers
+
+    from linvit.config import COMMON_OPTIMIZERS
+
+    assert set(COMMON_OPTIMIZERS) <= set(list_optimizers())
+    for name in COMMON_OPTIMIZERS:
+        load_config(PretrainConfig, None, [f"optim.opt={name}"])
+
+
 def test_transfer_configs_check_files_and_registry_names(tmp_path):
     teacher = tmp_path / "t.safetensors"
     teacher.write_bytes(b"")

@@ -1,14 +1,23 @@
-from linvit.models.checkpoint import (
-                                      CheckpointError,
-                                      load_model,
-                                      load_strict,
-                                      read_spec,
-                                      read_state_dict,
-                                      save_model,
-)
+"""ViT models: sizes, specs, the timm model and checkpoints. The names that need timm (the model
+and checkpoint code) load on first use, so `from linvit.models import SIZES, ModelSpec` (configs,
+the workflow's checks) stays cheap."""
+from importlib import import_module
+
+from linvit.errors import CheckpointError
 from linvit.models.sizes import SIZES, ModelSize, get_size
-from linvit.models.vit import LinvitViT, ModelSpec, attention_modules, create_vit, set_token_layout
+from linvit.models.spec import ModelSpec
+
+_LAZY = {**dict.fromkeys(("load_model", "load_strict", "read_spec", "read_state_dict",
+                          "save_model"), "linvit.models.checkpoint"),
+         **dict.fromkeys(("LinvitViT", "attention_modules", "create_vit", "set_token_layout"),
+                         "linvit.models.vit")}
 
 __all__ = ["CheckpointError", "LinvitViT", "ModelSize", "ModelSpec", "SIZES", "attention_modules",
            "create_vit", "get_size", "load_model", "load_strict", "read_spec", "read_state_dict",
            "save_model", "set_token_layout"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'linvit.models' has no attribute {name!r}")

@@ -21,7 +21,8 @@ from torch import nn
 from linvit.errors import CheckpointError
 from linvit.io import write_atomic
 from linvit.models.attention_copy import MAPS_KEY, drive_with_teacher
-from linvit.models.vit import LinvitViT, ModelSpec, create_vit
+from linvit.models.spec import ModelSpec
+from linvit.models.vit import LinvitViT, create_vit
 
 SPEC_KEY = "linvit_spec"
 DIGEST_KEY = "linvit_tensors_sha256"
