@@ -2,8 +2,8 @@
 munge, started for this session, no accounting database): a small grid with the benchmark
 through the project's SLURM profile equals the same grid run locally, every job going through
 sbatch; an interrupted cluster run resumes without recomputing finished jobs; a job asking two
-processes trains under torch.distributed inside its allocation; the shipped profile refuses unset
-site settings and, as documented, reaches sbatch."""
+processes (the teacher) trains under torch.distributed inside its allocation; the shipped profile
+refuses unset site settings and, as documented, reaches sbatch."""
 from __future__ import annotations
 
 import contextlib
@@ -33,20 +33,32 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "workflow" / "profiles" / "slurm" / "config.yaml"
 SUBMITTED = re.compile(r"has been submitted with SLURM jobid (\d+)")
+# The teacher asks two processes (linvit --nproc 2), in both runs, so that they compute the same.
+TWO_PROCESSES = ("--set-resources", "teacher:nproc=2")
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
+    # A SIGTERM (a CI timeout, `kill`) stops the session as Ctrl-C does, so the teardown below
+    # still stops the daemons and cancels what runs, instead of leaving them to outlive pytest.
+    previous = signal.signal(signal.SIGTERM, _interrupted)
     cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
     try:
         cluster.start()
     except Unavailable as e:
+        signal.signal(signal.SIGTERM, previous)
         pytest.skip(f"no local SLURM cluster: {e}")
     except BaseException:
         cluster.stop()
+        signal.signal(signal.SIGTERM, previous)
         raise
     yield cluster
     cluster.stop()
+    signal.signal(signal.SIGTERM, previous)
 
 
 def site_env(slurm: LocalSlurm) -> dict:
@@ -137,7 +149,7 @@ def grids(tmp_path_factory, mnist_root, slurm):
     local = copy_project(tmp_path_factory.mktemp("local"))
     (local / "config" / "grid.yaml").write_text(
         yaml.safe_dump(grid_config("results", mnist_root), sort_keys=False))
-    run = snakemake(local, "--workflow-profile", "workflow/profiles/local",
+    run = snakemake(local, "--workflow-profile", "workflow/profiles/local", *TWO_PROCESSES,
                     "--configfile", "config/grid.yaml")
     assert run.returncode == 0, run.stderr[-3000:]
 
@@ -146,17 +158,17 @@ def grids(tmp_path_factory, mnist_root, slurm):
     results = project / "results"
     (project / "config" / "grid.yaml").write_text(
         yaml.safe_dump(grid_config(str(results), mnist_root), sort_keys=False))
-    args = ["--configfile", "config/grid.yaml", "--workflow-profile", str(profile)]
+    args = [*TWO_PROCESSES, "--configfile", "config/grid.yaml", "--workflow-profile", str(profile)]
     # First one cell and its teacher, so the jobs finished before the interrupt are known.
     cell = results / "cells/synthetic/pretrain/cpu96/linear/random/none/seed0/record.json"
-    first = on_slurm(project, slurm, str(cell), "--configfile", "config/grid.yaml")
+    first = on_slurm(project, slurm, str(cell), *TWO_PROCESSES, "--configfile", "config/grid.yaml")
     assert first.returncode == 0, first.stderr[-3000:]
     finished = {p: p.stat().st_mtime_ns for p in results.glob("**/record.json")}
     interrupted, interrupted_log = interrupt_grid(project, slurm, args, results)
     in_flight = incomplete_outputs(project)
     done = {p: p.stat().st_mtime_ns for p in results.glob("**/record.json")
             if str(p) not in in_flight}
-    resumed = on_slurm(project, slurm, "--configfile", "config/grid.yaml")
+    resumed = on_slurm(project, slurm, *TWO_PROCESSES, "--configfile", "config/grid.yaml")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return {"local": local / "results", "cluster": results, "finished": finished,
             "interrupted": interrupted, "done": done,
@@ -208,17 +220,10 @@ def test_an_interrupted_cluster_run_resumes_without_recomputing(grids):
     assert (cluster / "report.md").is_file()
 
 
-def test_a_job_asking_two_processes_runs_them_in_its_allocation(tmp_path, mnist_root, slurm):
-    """nproc=2: `linvit --nproc 2` inside one SLURM job of two cores, two CPU processes under
-    torch.distributed, each with its share of the job's threads."""
-    project = copy_project(tmp_path / "project")
-    local_profile(project)
-    (project / "config" / "grid.yaml").write_text(
-        yaml.safe_dump(grid_config("results", mnist_root), sort_keys=False))
-    record = project / "results/teachers/synthetic/pretrain/cpu96/record.json"
-    run = on_slurm(project, slurm, str(record.relative_to(project)), "--set-resources",
-                   "teacher:nproc=2", "--configfile", "config/grid.yaml")
-    assert run.returncode == 0, run.stderr[-3000:]
+def test_a_job_asking_two_processes_runs_them_in_its_allocation(grids, slurm):
+    """The teacher's nproc=2: `linvit --nproc 2` inside one SLURM job of two cores, two CPU
+    processes under torch.distributed, each with its share of the job's threads."""
+    record = grids["cluster"] / "teachers/synthetic/pretrain/cpu96/record.json"
     assert json.loads(record.read_text())["status"] == "ok"
     env = json.loads((record.parent / "metrics.json").read_text())["env"]
     assert (env["processes"], env["threads"], env["cuda_devices"]) == (2, 1, None)
