@@ -89,30 +89,18 @@ def backbone_ckpt(tmp_path_factory):
     return path
 
 
-# The suite runs in two processes (pytest-xdist; pyproject's addopts). A test file is one unit of
-# work, so that its module and session fixtures are made once, except that test_snakemake.py's
-# tests that do not share its tiny-grid run (`project`) are units of their own. The longest units
-# start first (the SLURM grid, the tiny grid, the toy paper grid, the other workflow runs), so that
-# neither process is left with a long one at the end.
+# The suite runs in two processes (pytest-xdist, --dist loadfile: pyproject's addopts): a test file
+# is one unit of work, so its module and session fixtures are made once. The longest files start
+# first (the SLURM grid, the shared tiny grid, the toy paper grid, the other workflow runs), so
+# that neither process is left with a long one at the end. (xdist_group cannot split a file
+# instead: xdist 3.8 marks groups in a node id field pytest 9.2 no longer reads.)
 LONGEST_FIRST = ("tests/workflow/test_slurm.py", "tests/workflow/test_snakemake.py",
-                 "tests/workflow/test_paper_toy.py", "tests/workflow/test_snakemake.py::")
+                 "tests/workflow/test_paper_toy.py", "tests/workflow/test_snakemake_alone.py")
 
 
-def _work_unit(item) -> str:
-    path = item.nodeid.split("::")[0]
-    if path.endswith("test_snakemake.py") and "project" not in item.fixturenames:
-        return item.nodeid
-    return path
-
-
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
-
     def rank(item) -> int:
-        unit = _work_unit(item)
-        return next((k for k, first in enumerate(LONGEST_FIRST)
-                     if unit == first or (first.endswith("::") and unit.startswith(first))),
-                    len(LONGEST_FIRST))
+        path = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
     items.sort(key=rank)                       # stable: file order within each rank
