@@ -12,9 +12,7 @@ _LAZY = {**dict.fromkeys(("load_model", "load_strict", "read_spec", "read_state_
          **dict.fromkeys(("LinvitViT", "attention_modules", "create_vit", "set_token_layout"),
                          "linvit.models.vit")}
 
-__all__ = ["CheckpointError", "LinvitViT", "ModelSize", "ModelSpec", "SIZES", "attention_modules",
-           "create_vit", "get_size", "load_model", "load_strict", "read_spec", "read_state_dict",
-           "save_model", "set_token_layout"]
+__all__ = ["CheckpointError", "ModelSize", "ModelSpec", "SIZES", "get_size", *_LAZY]
 
 
 def __getattr__(name: str):
