@@ -6,6 +6,7 @@ processes (the teacher) trains under torch.distributed inside its allocation; th
 refuses unset site settings and, as documented, reaches sbatch."""
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -13,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -20,14 +22,7 @@ import pytest
 import yaml
 from local_slurm import PARTITION, LocalSlurm, Unavailable, wait_for
 from test_paper_toy import deit_tiny_file, imagenet_folder, shift_folders, toy_paper_config
-from test_snakemake import (
-    TINY,
-    copy_project,
-    incomplete_outputs,
-    is_training_job,
-    small_config,
-    snakemake,
-)
+from test_snakemake import TINY, copy_project, small_config, snakemake
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,6 +98,42 @@ def grid_config(results: str, mnist_root: Path) -> dict:
                            strategies=["random", "copy_mlp+distill"]), "bench": TINY["bench"]}
 
 
+def incomplete_outputs(project: Path) -> set[str]:
+    """Outputs Snakemake marked incomplete: urlsafe base64 of the path, split into '@'-prefixed
+    folders past the file-name limit."""
+    marks = project / ".snakemake" / "incomplete"
+    return {base64.urlsafe_b64decode("".join(part.lstrip("@")
+                                             for part in p.relative_to(marks).parts)).decode()
+            for p in marks.rglob("*") if p.is_file()} if marks.is_dir() else set()
+
+
+def is_training_job(proc: psutil.Process, results: Path) -> bool:
+    """Whether `proc` is a linvit distill or finetune job writing under `results`."""
+    words = proc.cmdline()
+    return ("linvit.cli" in words and bool({"distill", "finetune"} & set(words))
+            and any(str(results) in w for w in words))
+
+
+def freeze_a_training_job(snake: psutil.Process, results: Path) -> psutil.Process:
+    """A distill or finetune job of this workflow, stopped (SIGSTOP) while it runs: from then on it
+    cannot finish, so the interrupt that follows lands mid-job whatever the timing."""
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        for proc in snake.children(recursive=True):
+            try:
+                if not is_training_job(proc, results):
+                    continue
+                proc.suspend()
+                while proc.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
+                    time.sleep(0.01)          # the stop signal is being delivered
+                if proc.status() == psutil.STATUS_STOPPED:
+                    return proc
+            except psutil.NoSuchProcess:      # finished before it could be stopped: the next one
+                pass
+        time.sleep(0.1)
+    raise AssertionError("no distill or finetune job started within 10 minutes")
+
+
 def training_job_in_slurm(results: Path) -> psutil.Process:
     """A distill or finetune job of this grid, running under slurmd, stopped (SIGSTOP): it cannot
     finish, so the interrupt that follows lands mid-job whatever the timing."""
@@ -146,36 +177,94 @@ def interrupt_grid(project: Path, slurm: LocalSlurm, args: list[str], results: P
     return interrupted, log.read_text()
 
 
-@pytest.fixture(scope="module")
-def grids(tmp_path_factory, mnist_root, slurm):
-    """The same grid run locally and on SLURM; the SLURM run is interrupted once and resumed."""
-    local = copy_project(tmp_path_factory.mktemp("local"))
-    (local / "config" / "grid.yaml").write_text(
-        yaml.safe_dump(grid_config("results", mnist_root), sort_keys=False))
-    run = snakemake(local, "--workflow-profile", "workflow/profiles/local", *TWO_PROCESSES,
-                    "--configfile", "config/grid.yaml")
-    assert run.returncode == 0, run.stderr[-3000:]
+def interrupted_and_resumed(run, project: Path, args: list[str], results: Path,
+                            interrupt) -> dict:
+    """One cell and its teacher, then the whole grid interrupted mid-job by `interrupt`, then
+    resumed: what finished before, the interrupted job's record, what was done when it stopped."""
+    cell = results / "cells/synthetic/pretrain/cpu96/linear/random/none/seed0/record.json"
+    first = run(str(cell), *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    finished = {p: p.stat().st_mtime_ns for p in results.glob("**/record.json")}
+    assert set(finished) == {cell, results / "teachers/synthetic/pretrain/cpu96/record.json"}
+    interrupted, interrupted_log = interrupt(project, args, results)
+    in_flight = incomplete_outputs(project)      # finished while Snakemake stopped: rerun
+    done = {p: p.stat().st_mtime_ns for p in results.glob("**/record.json")
+            if str(p) not in in_flight}
+    resumed = run(*args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return {"results": results, "finished": finished, "interrupted": interrupted, "done": done,
+            "logs": [first.stderr, interrupted_log, resumed.stderr]}
 
+
+def ctrl_c_in_a_terminal(project: Path, args: list[str], results: Path) -> tuple[Path, str]:
+    """The whole grid, interrupted as Ctrl-C in a terminal does: SIGINT to the process group
+    (Snakemake, job shells, jobs) while a training job is frozen, which gets it on SIGCONT. A
+    shell without job control starts background commands with SIGINT ignored, and children
+    inherit that; restore the default."""
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", *args], cwd=project,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        job = freeze_a_training_job(psutil.Process(proc.pid), results)
+        words = job.cmdline()
+        interrupted = Path(words[words.index("-o") + 1]) / "record.json"
+        os.killpg(proc.pid, signal.SIGINT)
+        job.resume()
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:               # the test failed: leave no workflow behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return interrupted, ""
+
+
+@pytest.fixture(scope="module")
+def local_grid(tmp_path_factory, mnist_root):
+    """The grid run locally with the local profile, interrupted by Ctrl-C once and resumed: the
+    local resume test's run and the reference the cluster run is compared to. (No SLURM needed.)"""
+    project = copy_project(tmp_path_factory.mktemp("local"))
+    results = project / "results"
+    (project / "config" / "grid.yaml").write_text(
+        yaml.safe_dump(grid_config(str(results), mnist_root), sort_keys=False))
+    args = ["--workflow-profile", "workflow/profiles/local", *TWO_PROCESSES,
+            "--configfile", "config/grid.yaml"]
+    return interrupted_and_resumed(lambda *a: snakemake(project, *a), project, args, results,
+                                   ctrl_c_in_a_terminal)
+
+
+@pytest.fixture(scope="module")
+def grids(tmp_path_factory, mnist_root, slurm, local_grid):
+    """The same grid run locally and on SLURM, each interrupted once and resumed."""
     project = copy_project(tmp_path_factory.mktemp("cluster"))
     profile = local_profile(project)
     results = project / "results"
     (project / "config" / "grid.yaml").write_text(
         yaml.safe_dump(grid_config(str(results), mnist_root), sort_keys=False))
-    args = [*TWO_PROCESSES, "--configfile", "config/grid.yaml", "--workflow-profile", str(profile)]
-    # First one cell and its teacher, so the jobs finished before the interrupt are known.
-    cell = results / "cells/synthetic/pretrain/cpu96/linear/random/none/seed0/record.json"
-    first = on_slurm(project, slurm, str(cell), *TWO_PROCESSES, "--configfile", "config/grid.yaml")
-    assert first.returncode == 0, first.stderr[-3000:]
-    finished = {p: p.stat().st_mtime_ns for p in results.glob("**/record.json")}
-    interrupted, interrupted_log = interrupt_grid(project, slurm, args, results)
-    in_flight = incomplete_outputs(project)
-    done = {p: p.stat().st_mtime_ns for p in results.glob("**/record.json")
-            if str(p) not in in_flight}
-    resumed = on_slurm(project, slurm, *TWO_PROCESSES, "--configfile", "config/grid.yaml")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    return {"local": local / "results", "cluster": results, "finished": finished,
-            "interrupted": interrupted, "done": done,
-            "logs": [first.stderr, interrupted_log, resumed.stderr]}
+    args = [*TWO_PROCESSES, "--configfile", "config/grid.yaml"]
+    cluster = interrupted_and_resumed(
+        lambda *a: on_slurm(project, slurm, *a), project, args, results,
+        lambda project, args, results: interrupt_grid(
+            project, slurm, [*args, "--workflow-profile", str(profile)], results))
+    return {"local": local_grid["results"], "cluster": cluster["results"], **cluster}
+
+
+def check_resumed(run: dict) -> None:
+    """Finished jobs kept, the interrupted one rerun, the grid completed."""
+    finished, done, interrupted = run["finished"], run["done"], run["interrupted"]
+    results = run["results"]
+    assert finished.items() <= done.items() and interrupted not in done
+    cells = list(results.glob("cells/**/record.json"))
+    assert 1 <= len([p for p in done if "/cells/" in str(p)]) < len(cells) == 2
+    assert all(p.stat().st_mtime_ns == t for p, t in done.items())     # finished jobs kept
+    assert json.loads(interrupted.read_text())["status"] == "ok"
+    assert (results / "report.md").is_file()
+
+
+def test_an_interrupted_workflow_resumes_without_recomputing(local_grid):
+    """Ctrl-C mid-job on a local run: the next run (the local profile's --rerun-incomplete)
+    reruns only unfinished jobs, leaves finished ones untouched and completes the grid."""
+    check_resumed(local_grid)
 
 
 def test_the_grid_on_slurm_computes_what_the_local_run_computes(grids):
@@ -212,15 +301,7 @@ def test_every_job_of_the_cluster_run_went_through_sbatch(grids, slurm):
 def test_an_interrupted_cluster_run_resumes_without_recomputing(grids):
     """Ctrl-C while a training job runs (and others wait in the queue): Snakemake cancels its
     SLURM jobs, and the next run reruns only unfinished jobs and completes the grid."""
-    finished, done, interrupted = grids["finished"], grids["done"], grids["interrupted"]
-    cluster = grids["cluster"]
-    assert {p.relative_to(cluster).parts[0] for p in finished} == {"teachers", "cells"}
-    assert finished.items() <= done.items() and interrupted not in done
-    cells = list(cluster.glob("cells/**/record.json"))
-    assert 1 <= len([p for p in done if "/cells/" in str(p)]) < len(cells) == 2
-    assert all(p.stat().st_mtime_ns == t for p, t in done.items())     # finished jobs kept
-    assert json.loads(interrupted.read_text())["status"] == "ok"
-    assert (cluster / "report.md").is_file()
+    check_resumed(grids)
 
 
 def test_a_job_asking_two_processes_runs_them_in_its_allocation(grids, slurm):
