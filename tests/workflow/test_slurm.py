@@ -1,7 +1,9 @@
 """The workflow on a real single-node SLURM cluster (local_slurm.LocalSlurm: Debian's slurm-wlm and
 munge, started for this session, no accounting database): a small grid with the benchmark
 through the project's SLURM profile equals the same grid run locally, every job going through
-sbatch; an interrupted cluster run resumes without recomputing finished jobs; a job asking two
+sbatch; an interrupted run, local (Ctrl-C in a terminal) and on the cluster, resumes without
+recomputing finished jobs (the local reference run is the local interrupt test: it needs no
+SLURM and is not skipped without one); a job asking two
 processes (the teacher) trains under torch.distributed inside its allocation; the shipped profile
 refuses unset site settings and, as documented, reaches sbatch."""
 from __future__ import annotations

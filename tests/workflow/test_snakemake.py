@@ -1,6 +1,7 @@
 """The Snakemake workflow on a temporary copy of the project, around one shared run of a tiny
-grid: end to end, code-change invalidation, failing cells, interruption, a results path full of
-shell syntax, the dense target. (Tests with runs of their own: test_snakemake_alone.py.)"""
+grid: end to end, code-change invalidation, failing cells, a results path full of shell syntax,
+the dense target. (Tests with runs of their own: test_snakemake_alone.py; an interrupted and
+resumed run: test_slurm.py.)"""
 from __future__ import annotations
 
 import json
