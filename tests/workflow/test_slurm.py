@@ -69,12 +69,15 @@ def site_env(slurm: LocalSlurm) -> dict:
 def local_profile(project: Path) -> Path:
     """The shipped SLURM profile with what this 2-core CPU node needs: no GPUs and one process
     per job, memory that fits, the local profile's threads (so that both runs compute the same
-    numbers), squeue for job status (no accounting here), checked from the first second on."""
+    numbers), squeue for job status (no accounting here), checked from the first second on and
+    every 2 s."""
     profile = yaml.safe_load(SHIPPED.read_text())
     local = yaml.safe_load((ROOT / "workflow/profiles/local/config.yaml").read_text())
     cpu = {"gpu": 0, "nproc": 1, "mem_mb": 2000, "runtime": 30}
     profile.update({
         "slurm-status-command": "squeue", "slurm-init-seconds-before-status-checks": 1,
+        # jobs here last seconds: a status round every 2 s, not 10, so Snakemake does not idle
+        "seconds-between-status-checks": 2,
         "default-resources": {**profile["default-resources"], **cpu},
         "set-threads": local["set-threads"],
         "set-resources": {rule: {**res, **cpu} for rule, res in profile["set-resources"].items()}})
