@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -119,31 +118,13 @@ def is_training_job(proc: psutil.Process, results: Path) -> bool:
             and any(str(results) in w for w in words))
 
 
-def freeze_a_training_job(snake: psutil.Process, results: Path) -> psutil.Process:
-    """A distill or finetune job of this workflow, stopped (SIGSTOP) while it runs: from then on it
-    cannot finish, so the interrupt that follows lands mid-job whatever the timing."""
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        for proc in snake.children(recursive=True):
-            try:
-                if not is_training_job(proc, results):
-                    continue
-                proc.suspend()
-                while proc.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
-                    time.sleep(0.01)          # the stop signal is being delivered
-                if proc.status() == psutil.STATUS_STOPPED:
-                    return proc
-            except psutil.NoSuchProcess:      # finished before it could be stopped: the next one
-                pass
-        time.sleep(0.1)
-    raise AssertionError("no distill or finetune job started within 10 minutes")
-
-
-def training_job_in_slurm(results: Path) -> psutil.Process:
-    """A distill or finetune job of this grid, running under slurmd, stopped (SIGSTOP): it cannot
-    finish, so the interrupt that follows lands mid-job whatever the timing."""
+def freeze_a_training_job(processes, results: Path) -> psutil.Process:
+    """A distill or finetune job writing under `results`, found among `processes()` (asked again
+    until one runs: a workflow's children, or every process for jobs under slurmd), stopped
+    (SIGSTOP) while it runs: it cannot finish, so the interrupt that follows lands mid-job
+    whatever the timing."""
     def stopped():
-        for proc in psutil.process_iter():
+        for proc in processes():
             try:
                 if not is_training_job(proc, results):
                     continue
@@ -167,7 +148,7 @@ def interrupt_grid(project: Path, slurm: LocalSlurm, args: list[str], results: P
                                 env=site_env(slurm), stdout=out, stderr=subprocess.STDOUT,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        job = training_job_in_slurm(results)
+        job = freeze_a_training_job(psutil.process_iter, results)
         words = job.cmdline()
         interrupted = Path(words[words.index("-o") + 1]) / "record.json"
         proc.send_signal(signal.SIGINT)
@@ -211,7 +192,8 @@ def ctrl_c_in_a_terminal(project: Path, args: list[str], results: Path) -> tuple
                             start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        job = freeze_a_training_job(psutil.Process(proc.pid), results)
+        snake = psutil.Process(proc.pid)
+        job = freeze_a_training_job(lambda: snake.children(recursive=True), results)
         words = job.cmdline()
         interrupted = Path(words[words.index("-o") + 1]) / "record.json"
         os.killpg(proc.pid, signal.SIGINT)
