@@ -174,6 +174,29 @@ def test_backbone_adapts_a_28px_grey_checkpoint_to_64px_rgb(backbone_ckpt):
                                saved["patch_embed.proj.weight"])
 
 
+@pytest.mark.parametrize("neck", ["simple", "adapter"])
+def test_roi_heads_read_the_backbones_own_maps(neck, backbone_ckpt):
+    """Mask R-CNN's RoI features (mmcv's RoIAlign, after an FPN) equal torchvision's RoIAlign of
+    the same maps. mmcv reads any input as contiguous NCHW (open-mmlab/mmcv#2203), and a token
+    grid is a channels-last view: without contiguous maps the RoI heads get scrambled features."""
+    from mmcv.ops import RoIAlign
+    from mmdet.models.necks import FPN
+    from torchvision.ops import roi_align
+
+    from linvit.dense.backbone import LinViTBackbone
+
+    backbone = LinViTBackbone(checkpoint=str(backbone_ckpt), img_size=64, in_chans=3, neck=neck,
+                              adapter={"interactions": [[0, 2], [3, 5]]} if neck == "adapter"
+                              else None)
+    fpn = FPN(in_channels=[96] * 4, out_channels=16, num_outs=4)
+    with torch.no_grad():
+        maps = fpn(backbone(torch.randn(2, 3, 64, 64)))
+    rois = torch.tensor([[0, 3.0, 5.0, 50.0, 60.0], [1, 10.5, 7.2, 33.3, 40.1]])
+    for level, stride in zip(maps, (4, 8, 16, 32)):
+        torch.testing.assert_close(RoIAlign(7, 1 / stride, 0, aligned=True)(level, rois),
+                                   roi_align(level, rois, 7, 1 / stride, 0, True))
+
+
 def dense_cfg(task, root, ckpt, work, *extra):
     from linvit.config import load_config
     from linvit.dense.config import DenseConfig

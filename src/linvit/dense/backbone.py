@@ -118,8 +118,14 @@ class LinViTBackbone(nn.Module):
         adapter's is deliberate); nothing to do for mmengine."""
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.neck == "adapter":
-            return self.adapter(self.vit, x)
+        maps = self.adapter(self.vit, x) if self.neck == "adapter" else self._simple(x)
+        # Contiguous NCHW, whatever the layout the tokens left: a token grid is a channels-last
+        # view, convolutions keep that layout down to the heads, and mmcv's RoIAlign reads its
+        # input as contiguous NCHW without checking (open-mmlab/mmcv#2203), so Mask R-CNN's RoI
+        # heads would see scrambled features and never learn.
+        return tuple(m.contiguous() for m in maps)
+
+    def _simple(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         tokens = self.vit.forward_features(x)[:, self.vit.num_prefix_tokens:]   # (B, h*w, C)
         B, N, C = tokens.shape
         h, w = x.shape[2] // self.patch, x.shape[3] // self.patch
