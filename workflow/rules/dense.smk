@@ -86,6 +86,7 @@ rule dense:
         report(f"{RESULTS}/figures/dense.png", caption="../report/dense.rst",
                category="Dense tasks", labels={"figure": "dense"}),
         f"{RESULTS}/figures/dense.pdf",
+        multiext(f"{RESULTS}/tables/dense_gaps", ".csv", ".md", ".tex"),
     log:
         f"{RESULTS}/logs/dense_report.log",
     params:

@@ -1,7 +1,8 @@
 """The dense results: table (mIoU, aAcc, box AP, mask AP by backbone), figure, dense.md.
 
 Rows are backbones (the softmax teacher, then each operator x init strategy); a job that failed
-or has not run reads "failed" / "missing" like every other table.
+or has not run reads "failed" / "missing" like every other table. A second table gives each
+strategy's gain over the random-init student of the same operator, paired by seed.
 """
 from __future__ import annotations
 
@@ -12,11 +13,21 @@ import pandas as pd
 
 from linvit.io import write_text
 from linvit.render.plotting import new_figure, save
-from linvit.render.tables import cell_text, rank, rows_where, to_markdown, write_table
+from linvit.render.tables import (
+    cell_text,
+    rank,
+    rows_where,
+    summarize,
+    to_markdown,
+    write_table,
+)
 
 COLUMNS = [("segment", "mIoU"), ("segment", "aAcc"), ("detect", "box_AP"),
            ("detect", "mask_AP")]
 CAPTION = "Dense tasks: UperNet mIoU / aAcc and Mask R-CNN box / mask AP (%) by backbone"
+REFERENCE = "random"
+GAP_CAPTION = ("Dense tasks: gain over the random-init student of the same operator (points), "
+               "paired by seed: mean ± 95% CI, then each seed's gain")
 
 
 def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
@@ -34,6 +45,39 @@ def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
         index.append((*group, "softmax teacher" if init == "teacher" else f"{op} {init}"))
     return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in COLUMNS],
                         index=pd.MultiIndex.from_tuples(index, names=[*names[:3], "backbone"]))
+
+
+def gap_text(gains: pd.Series) -> str:
+    """"mean ± CI (seed s: gain, ...)"; the seeds are shown because 2 seeds make a wide CI."""
+    if gains.empty:
+        return "missing"
+    mean, ci, _ = summarize(gains.tolist())
+    head = f"{mean:+.2f}" if ci is None else f"{mean:+.2f} ± {ci:.2f}"
+    return head + " (" + ", ".join(f"seed {s}: {g:+.2f}" for s, g in gains.items()) + ")"
+
+
+def dense_gaps(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
+    """Each strategy minus the random-init student, per operator, task metric and seed (only
+    seeds where both jobs are ok count). Empty when no random-init student ran."""
+    ok = results[(results["kind"] == "dense") & (results["status"] == "ok")]
+    names = ["dataset", "teacher", "size", "operator"]
+    rows, index = [], []
+    for key, part in ok[ok["init"] != "teacher"].groupby(names, sort=False):
+        others = [i for i in orders.get("init", []) if i != REFERENCE and i in set(part["init"])]
+        if REFERENCE not in set(part["init"]):
+            continue
+        for init in others:
+            row = []
+            for task, metric in COLUMNS:
+                by_seed = {i: part[(part["init"] == i) & (part["task"] == task)]
+                           .set_index("seed")[metric].dropna().astype(float)
+                           for i in (init, REFERENCE)}
+                row.append(gap_text((by_seed[init] - by_seed[REFERENCE]).dropna().sort_index()))
+            rows.append(row)
+            index.append((*key, f"{init} - {REFERENCE}"))
+    return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in COLUMNS],
+                        index=pd.MultiIndex.from_tuples(index, names=[*names, "gain"])
+                        if index else pd.MultiIndex.from_arrays([[]] * 5, names=[*names, "gain"]))
 
 
 def dense_figure(table: pd.DataFrame, out: Path) -> None:
@@ -54,8 +98,12 @@ def write_dense(results: pd.DataFrame, orders: dict, tables_dir: Path, figures_d
     table = dense_table(results, orders)
     write_table(table, Path(tables_dir) / "dense", CAPTION)
     dense_figure(table, Path(figures_dir) / "dense")
+    gaps = dense_gaps(results, orders)
     steps = results[(results["kind"] == "dense") & (results["status"] == "ok")]
     lines = ["## Dense tasks\n", CAPTION + ".\n", to_markdown(table)]
+    write_table(gaps, Path(tables_dir) / "dense_gaps", GAP_CAPTION)
+    if len(gaps):
+        lines += ["", GAP_CAPTION + ".\n", to_markdown(gaps)]
     if "step_s" in steps and len(steps):
         for task, group in steps.groupby("task"):
             lines.append(f"- {task}: {group['step_s'].mean():.2f} s per training step on average")
