@@ -154,7 +154,7 @@ def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
     counts = {name: sum(1 for n, _ in built if n == name) for name, _ in built}
     assert counts == {"PretrainConfig": len(grid.teachers(config, cells)),
                       "DistillConfig": len(grid.distillations(cells)),
-                      "FinetuneConfig": len(cells),
+                      "FinetuneConfig": len(cells) + len(grid.dense_cells(config, cells)),
                       "ScenesConfig": 1, "DenseConfig": len(grid.dense_jobs(config, cells)),
                       "BenchConfig": 1, "MapsConfig": len(grid.attention_models(config, cells)),
                       "CorruptConfig": len(config["datasets"]),
