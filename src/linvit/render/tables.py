@@ -31,10 +31,11 @@ def summarize(values: list[float]) -> tuple[float, float | None, int]:
     return mean, t95(n - 1) * statistics.stdev(values) / math.sqrt(n), n
 
 
-def mean_ci(values: list[float]) -> str:
-    """"mean" for one value, "mean ± half-width" (95% CI) for more."""
+def mean_ci(values: list[float], signed: bool = False) -> str:
+    """"mean" for one value, "mean ± half-width" (95% CI) for more; `signed`: "+" on gains."""
     mean, ci, _ = summarize(values)
-    return f"{mean:.2f}" if ci is None else f"{mean:.2f} ± {ci:.2f}"
+    head = f"{mean:+.2f}" if signed else f"{mean:.2f}"
+    return head if ci is None else f"{head} ± {ci:.2f}"
 
 
 def cell_text(group: pd.DataFrame, metric: str, count_seeds: bool = True) -> str:

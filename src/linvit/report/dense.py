@@ -15,9 +15,9 @@ from linvit.io import write_text
 from linvit.render.plotting import new_figure, save
 from linvit.render.tables import (
     cell_text,
+    mean_ci,
     rank,
     rows_where,
-    summarize,
     to_markdown,
     write_table,
 )
@@ -51,9 +51,8 @@ def gap_text(gains: pd.Series) -> str:
     """"mean ± CI (seed s: gain, ...)"; the seeds are shown because 2 seeds make a wide CI."""
     if gains.empty:
         return "missing"
-    mean, ci, _ = summarize(gains.tolist())
-    head = f"{mean:+.2f}" if ci is None else f"{mean:+.2f} ± {ci:.2f}"
-    return head + " (" + ", ".join(f"seed {s}: {g:+.2f}" for s, g in gains.items()) + ")"
+    seeds = ", ".join(f"seed {s}: {g:+.2f}" for s, g in gains.items())
+    return f"{mean_ci(gains.tolist(), signed=True)} ({seeds})"
 
 
 def dense_gaps(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
