@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from linvit.config import ConfigError
-from linvit.dense.adapter import check_interactions, even_interactions
+from linvit.dense.adapter_spec import check_interactions, even_interactions
 from linvit.models import ModelSpec, create_vit, save_model
 from test_dense import dense_cfg
 

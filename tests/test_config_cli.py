@@ -77,6 +77,18 @@ def test_yaml_file_and_overrides_merge(tmp_path):
     assert parse_overrides(["a.b=1", "a.c=[1, 2]"]) == {"a": {"b": 1, "c": [1, 2]}}
 
 
+def test_override_values_are_parsed_once_but_never_shared():
+    """Values are parsed once per text (a workflow start parses ~50 000), yet each call gets its
+    own objects: a caller that changes one leaves the next call's value alone."""
+    first = parse_overrides(["distill.layers=[0, 1]"])
+    first["distill"]["layers"].append(2)
+    assert parse_overrides(["distill.layers=[0, 1]"]) == {"distill": {"layers": [0, 1]}}
+    with pytest.raises(ConfigError, match="not valid YAML"):      # errors are not remembered away
+        parse_overrides(["a=[1"])
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        parse_overrides(["a=[1"])
+
+
 def test_cli_fails_before_compute_with_exit_2(tmp_path, capsys):
     out = tmp_path / "run"
     assert cli.main(["pretrain", "-o", str(out), "model.operator=lineer"]) == 2

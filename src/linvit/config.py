@@ -12,7 +12,9 @@ must tile the images; distillation layers must exist in the teacher).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -191,11 +193,18 @@ def parse_overrides(items: list[str]) -> dict:
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part} is set twice")
         try:
-            node[leaf] = load_yaml(raw) if raw.strip() else None
+            node[leaf] = copy.deepcopy(_yaml_value(raw))
         except yaml.YAMLError as e:
             raise ConfigError(f"override {item!r}: the value is not valid YAML "
                               f"({_one_line(e)})") from None
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _yaml_value(raw: str) -> Any:
+    """One override's value, parsed once: a workflow start builds every job's config from mostly
+    the same few hundred values (copied out, as a caller may change what it gets)."""
+    return load_yaml(raw) if raw.strip() else None
 
 
 def _one_line(error: Exception) -> str:

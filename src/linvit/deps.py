@@ -87,6 +87,11 @@ def import_graph() -> dict[Path, frozenset[Path]]:
 
 
 def closure(entries: list[str]) -> set[Path]:
+    return set(_closure(tuple(entries)))
+
+
+@cache
+def _closure(entries: tuple[str, ...]) -> frozenset[Path]:
     graph = import_graph()
     todo = [f for f in (module_file(e) for e in entries) if f is not None]
     seen: set[Path] = set()
@@ -95,7 +100,7 @@ def closure(entries: list[str]) -> set[Path]:
         if f not in seen:
             seen.add(f)
             todo.extend(graph.get(f, ()))
-    return seen
+    return frozenset(seen)
 
 
 @cache
@@ -114,6 +119,14 @@ def registry_members() -> dict[str, dict[str, Path]]:
 
 def stage_sources(stage: str, operators=(), losses=(), datasets=()) -> list[Path]:
     """Source files a job of `stage` runs, for the registry entries it selects."""
+    return list(_stage_sources(stage, *(tuple(sorted(set(names)))
+                                        for names in (operators, losses, datasets))))
+
+
+@cache
+def _stage_sources(stage: str, operators: tuple, losses: tuple, datasets: tuple) -> tuple:
+    """(Once per distinct selection: a workflow start asks for every job's, ~3000 on the paper
+    grid, from a few dozen selections.)"""
     entries = stage_entries()
     if stage not in entries:
         raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(entries)}")
@@ -125,5 +138,5 @@ def stage_sources(stage: str, operators=(), losses=(), datasets=()) -> list[Path
                 files.discard(path)
     shared = {p for kind, m in registry_members().items() for n, p in m.items()
               if n in selected[kind]}
-    return sorted(files | shared)
+    return tuple(sorted(files | shared))
 

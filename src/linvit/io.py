@@ -106,8 +106,10 @@ def write_yaml(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, yaml.safe_dump(obj, sort_keys=False))
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load, except that a mapping with a key given twice is an error."""
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """yaml.safe_load, except that a mapping with a key given twice is an error. On libyaml's
+    parser where PyYAML has it (its wheels do): ~5x faster, which a Snakemake start feels, as it
+    parses every job's overrides (~50 000 values on the paper grid)."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()

@@ -135,6 +135,14 @@ class LocalSlurm:
         run = self.client("squeue", "-h", "-o", "%i")
         return run.stdout.split() if run.returncode == 0 else ["?"]
 
+    def cancel_from(self, workdir: Path) -> None:
+        """Cancel the pending or running jobs submitted from `workdir`."""
+        run = self.client("squeue", "-h", "-o", "%i %Z")
+        jobs = [line.split(" ", 1) for line in run.stdout.splitlines() if " " in line]
+        ids = [job for job, folder in jobs if Path(folder) == Path(workdir)]
+        if ids:
+            self.client("scancel", *ids)
+
     def completed_jobs(self) -> list[dict]:
         """The job-completion records (jobcomp/filetxt: one line of KEY=value per ended job)."""
         if not self.jobcomp.is_file():

@@ -238,6 +238,12 @@ def test_code_map_selects_registry_members():
     figures = rel(deps.stage_sources("figures"))
     assert "linvit/report/figures.py" in figures and not any("attention/" in f for f in figures)
     assert "linvit/report/figures.py" not in rel(deps.stage_sources("tables"))
+    # computed once per selection, in any order, and each caller gets a list of its own
+    again = deps.stage_sources("finetune", ("focused", "softmax"), (), {"fashion_mnist"})
+    assert rel(again) == files
+    again.clear()
+    assert rel(deps.stage_sources("finetune", ["softmax", "focused"], [],
+                                  ["fashion_mnist"])) == files
 
 
 def test_operators_and_losses_each_have_their_own_file():

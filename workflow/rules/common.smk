@@ -15,14 +15,15 @@ SRC = Path(workflow.basedir) / "src"
 
 from linvit import cluster, deps  # noqa: E402   (grid: imported by the Snakefile)
 
+# A profile's site settings ($LINVIT_SLURM_PARTITION, ...) must be set before any job is planned
+# (and so before the config check, the slow part of planning a large grid).
+cluster.check_site_settings(cluster.resource_expressions(workflow.resource_settings), os.environ)
+
 # The Snakemake that plans the run checks every job's config. The ones a cluster job starts to run
 # one job (--mode remote in the batch script, subprocess under srun) read the same config: checking
 # it again would import the whole training stack (~8 s) twice per job, for nothing.
 if workflow.exec_mode == ExecMode.DEFAULT:
     grid.check_config(config, str(Path(workflow.basedir) / "Snakefile"))
-
-# A profile's site settings ($LINVIT_SLURM_PARTITION, ...) must be set before any job is planned.
-cluster.check_site_settings(cluster.resource_expressions(workflow.resource_settings), os.environ)
 
 RESULTS = config["results"]
 CELLS = grid.expand_grid(config)

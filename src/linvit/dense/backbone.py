@@ -16,6 +16,7 @@ import math
 import torch
 from torch import nn
 
+from linvit.dense.adapter_spec import adapter_spec
 from linvit.models import ModelSpec, create_vit, load_strict, read_spec, read_state_dict
 
 STRIDES = (4, 8, 16, 32)
@@ -54,26 +55,6 @@ def adapted_state(checkpoint: str, model: nn.Module) -> dict[str, torch.Tensor]:
     elif have != want:
         state[weight] = adapt_input_conv(want, state[weight])
     return state
-
-
-def adapter_spec(settings: dict, depth: int, vit_heads: int):
-    """linvit.dense.adapter.AdapterSpec from AdapterCfg's fields, for a ViT of `depth` blocks and
-    `vit_heads` heads (interactions checked against the depth)."""
-    from linvit.dense.adapter import (
-        AdapterSpec,
-        check_interactions,
-        default_heads,
-        even_interactions,
-    )
-
-    settings = dict(settings)
-    pairs = settings.pop("interactions", None)
-    interactions = (tuple(tuple(p) for p in pairs) if pairs is not None
-                    else even_interactions(depth))
-    check_interactions(interactions, depth)
-    if settings.get("heads") is None:
-        settings["heads"] = default_heads(vit_heads)
-    return AdapterSpec(interactions=interactions, **settings)
 
 
 class LinViTBackbone(nn.Module):

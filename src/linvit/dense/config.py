@@ -40,7 +40,7 @@ class DenseDataCfg:
 
 @dataclass
 class AdapterCfg:
-    """ViT-Adapter's settings (linvit.dense.adapter.AdapterSpec)."""
+    """ViT-Adapter's settings (linvit.dense.adapter_spec.AdapterSpec)."""
     interactions: list[list[int]] | None = None   # [first, last] blocks; None: 4 even shares
     heads: int | None = None          # deformable-attention heads; None: max(6, the ViT's)
     points: int = 4                   # sampling points per head and level

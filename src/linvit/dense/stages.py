@@ -86,7 +86,7 @@ def check_adapter(adapter, size) -> None:
     """ViT-Adapter's settings against the backbone's shape, before any compute."""
     import dataclasses
 
-    from linvit.dense.backbone import adapter_spec
+    from linvit.dense.adapter_spec import adapter_spec
 
     try:
         spec = adapter_spec(dataclasses.asdict(adapter), size.depth, size.heads)
