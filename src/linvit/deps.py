@@ -87,11 +87,6 @@ def import_graph() -> dict[Path, frozenset[Path]]:
 
 
 def closure(entries: list[str]) -> set[Path]:
-    return set(_closure(tuple(entries)))
-
-
-@cache
-def _closure(entries: tuple[str, ...]) -> frozenset[Path]:
     graph = import_graph()
     todo = [f for f in (module_file(e) for e in entries) if f is not None]
     seen: set[Path] = set()
@@ -100,7 +95,7 @@ def _closure(entries: tuple[str, ...]) -> frozenset[Path]:
         if f not in seen:
             seen.add(f)
             todo.extend(graph.get(f, ()))
-    return frozenset(seen)
+    return seen
 
 
 @cache

@@ -43,7 +43,7 @@ def default_heads(vit_heads: int) -> int:
     return max(6, vit_heads)
 
 
-def adapter_spec(settings: dict, depth: int, vit_heads: int):
+def adapter_spec(settings: dict, depth: int, vit_heads: int) -> AdapterSpec:
     """An AdapterSpec from AdapterCfg's fields, for a ViT of `depth` blocks and
     `vit_heads` heads (interactions checked against the depth)."""
     settings = dict(settings)
