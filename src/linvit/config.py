@@ -28,6 +28,7 @@ from linvit.attention import OPERATORS, check_options
 from linvit.data import DATASETS
 from linvit.errors import ConfigError
 from linvit.io import load_yaml
+from linvit.memo import note_checked
 from linvit.models import SIZES, ModelSpec
 from linvit.trees import deep_merge
 
@@ -45,6 +46,8 @@ def positive(path: str, value, allow_zero: bool = False) -> None:
 def existing_file(path: str, value) -> None:
     if value is not None and not Path(value).is_file():
         raise ConfigError(f"{path}: file not found: {value}")
+    if value is not None:
+        note_checked(value)             # a stored verdict holds only while the file is there
 
 
 def required_file(path: str, value, what: str = "") -> None:

@@ -13,6 +13,8 @@ import inspect
 from functools import cache
 from pathlib import Path
 
+from linvit import memo
+
 PACKAGE_ROOT = Path(__file__).resolve().parent          # src/linvit
 SRC_ROOT = PACKAGE_ROOT.parent                           # src
 
@@ -98,9 +100,38 @@ def closure(entries: list[str]) -> set[Path]:
     return seen
 
 
+_memo_dir: Path | None = None
+
+
+def memoise_in(folder: Path | None) -> None:
+    """Store `registry_members` in `folder` (linvit.memo), keyed by the code: the Snakemakes that
+    only run one job (in a cluster job, or for a `run:` rule) then read it without importing the
+    registries, and so torch."""
+    global _memo_dir
+    _memo_dir = folder
+    registry_members.cache_clear()
+
+
 @cache
 def registry_members() -> dict[str, dict[str, Path]]:
     """kind -> name -> the file that defines that registry entry."""
+    stored = memo.load(_memo_dir, "registry_members", memo.code_version())
+    if stored is None:
+        stored = {kind: {name: path.relative_to(SRC_ROOT).as_posix()
+                         for name, path in members.items()}
+                  for kind, members in _imported_registry_members().items()}
+        memo.store(_memo_dir, "registry_members", memo.code_version(), stored)
+    return {kind: {name: SRC_ROOT / rel for name, rel in members.items()}
+            for kind, members in stored.items()}
+
+
+def registry_names(kind: str) -> list[str]:
+    """A registry's names in its order ("operator", "loss", "dataset"), without importing it once
+    stored."""
+    return list(registry_members()[kind])
+
+
+def _imported_registry_members() -> dict[str, dict[str, Path]]:
     from linvit.attention import OPERATORS
     from linvit.data import DATASETS
     from linvit.transfer import losses

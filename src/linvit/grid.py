@@ -18,7 +18,9 @@ import json
 import re
 import shlex
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
+from linvit import memo
 from linvit.transfer.strategies import get_strategy
 from linvit.trees import deep_merge, flatten
 
@@ -354,8 +356,6 @@ def _check_registries(config: dict) -> None:
 def _check_teachers(config: dict) -> None:
     """Each teacher is fully described, and imported weight files exist now, not only when their
     job starts."""
-    from pathlib import Path
-
     from linvit.config import ConfigError
 
     for name, spec in teacher_specs(config).items():
@@ -370,14 +370,14 @@ def _check_teachers(config: dict) -> None:
         file = spec.get("file")
         if file is not None and not Path(file).is_file():
             raise ConfigError(f"{where}.file: file not found: {file}")
+        if file is not None:
+            memo.note_checked(file)
 
 
 def job_arguments(config: dict, existing_file: str) -> list[tuple[str, str, str]]:
     """(config field, job folder, CLI arguments) of every job the workflow can run, built by the
     functions the rules call, with `existing_file` standing in for checkpoints not yet made and
     its folder for the dense scenes."""
-    from pathlib import Path
-
     cells, x = expand_grid(config), existing_file
     jobs = [(f"teachers.{t}", import_dir("", d, t, s), import_args(config, d, t, "x"))
             for d, t, s in imports(config, cells)]
@@ -416,10 +416,23 @@ def _teacher_field(config: dict, teacher: str, size: str) -> str:
     return f"teachers.{teacher}"
 
 
-def check_config(config: dict, existing_file: str) -> None:
+def check_config(config: dict, existing_file: str, memo_dir: Path | None = None) -> None:
     """Names, registries, cross-references and every job's resolved linvit config, before any job
     runs: each job's exact overrides are built into its stage's config (the paper grid's ~400
-    jobs take about a second)."""
+    jobs take about a second). With `memo_dir`, a verdict stored there for the same config, code
+    and environment is reused while the files it found are still there (linvit.memo): no torch
+    import, no rebuild."""
+    key = memo.key_of({"config": config, "existing_file": existing_file,
+                       "environment": memo.environment()})
+    found = memo.load(memo_dir, "config_check", key)
+    if found is not None and memo.all_still_files(found["files"]):
+        return
+    with memo.recording() as files:
+        _check_config(config, existing_file)
+    memo.store(memo_dir, "config_check", key, {"files": sorted(set(files))})
+
+
+def _check_config(config: dict, existing_file: str) -> None:
     from linvit.cli import stage_config
     from linvit.config import ConfigError, load_config
 
@@ -563,8 +576,6 @@ def dense_in_report(config: dict, results: str) -> list[str]:
     """dense.md as a section of report.md: when `dense.in_all` asks for it (then `all` runs the
     dense sub-grid too), or when the sub-grid has been run (`snakemake dense`), so that the
     report keeps its dense results current."""
-    from pathlib import Path
-
     path = f"{results}/dense.md"
     wanted = (config.get("dense") or {}).get("in_all") or Path(path).is_file()
     return [path] if config.get("dense") and wanted else []

@@ -1,6 +1,7 @@
 """The workflow's logic, without Snakemake: grid expansion, arguments, code map, tables."""
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -367,6 +368,69 @@ def test_teacher_axis_makes_selects_and_probes_each_teacher(tmp_path, monkeypatc
                                         "ProbeConfig")} == {"PretrainConfig": 2, "SelectConfig": 1,
                                                             "ImportConfig": 1, "ProbeConfig": 1}
     assert grid.grid_document(config, cells)["orders"]["teacher"] == ["pretrain", "wide", "deit"]
+
+
+def test_a_stored_config_verdict_holds_only_for_its_config_code_and_files(tmp_path, monkeypatch):
+    """A workflow start reuses the last successful check (linvit.memo) instead of building every
+    job's config again; another config or code, or a file the check found gone since, is checked
+    anew, and a failed check is not stored."""
+    import linvit.config
+    from linvit import memo
+    config, snakefile = teacher_axis_config(tmp_path), str(ROOT / "Snakefile")
+    built, load = [], linvit.config.load_config
+    monkeypatch.setattr(linvit.config, "load_config",
+                        lambda cls, path, overrides: built.append(cls)
+                        or load(cls, path, overrides))
+
+    def checked(cfg) -> bool:
+        """Whether check_config built the jobs' configs (rather than reuse a verdict)."""
+        before = len(built)
+        grid.check_config(cfg, snakefile, tmp_path / "memo")
+        return len(built) > before
+
+    assert checked(config) and not checked(config)
+    assert not checked(yaml.safe_load(yaml.safe_dump(config)))        # equal, not the same dict
+    assert checked({**config, "seeds": [0, 1]})
+    assert checked(config)                                # one entry: the last verdict stored
+    monkeypatch.setattr(memo, "code_version", lambda: "edited")
+    assert checked(config) and not checked(config)
+    Path(config["teachers"]["deit"]["file"]).unlink()
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="teachers.deit.file: file not found"):
+            checked(config)
+
+
+def test_a_workflow_start_with_stored_answers_does_not_import_torch(tmp_path):
+    """What every Snakemake start evaluates, the config check and the code map, is read back from
+    linvit.memo without importing the registries, and so torch (~4 s per start), and the code
+    map read back is the one the registries give."""
+    import json
+    import subprocess
+    import sys
+    (tmp_path / "config.json").write_text(json.dumps(default_config()))
+    script = f"""
+import json, sys
+from pathlib import Path
+from linvit import deps, grid
+memo = Path({str(tmp_path / "memo")!r})
+deps.memoise_in(memo)
+grid.check_config(json.loads(Path({str(tmp_path / "config.json")!r}).read_text()),
+                  {str(ROOT / "Snakefile")!r}, memo)
+files = deps.stage_sources("finetune", ["linear", "gla"], ["attn_map_ce"], ["fashion_mnist"])
+print(json.dumps([sorted(m for m in ("torch", "linvit.attention") if m in sys.modules),
+                  deps.registry_names("operator"), [str(f) for f in files]]))
+"""
+    def start():
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": str(deps.SRC_ROOT)})
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(run.stdout)
+
+    imported, names, files = start()
+    assert imported == ["linvit.attention", "torch"] and names == list(OPERATORS)
+    assert files == [str(f) for f in deps.stage_sources("finetune", ["linear", "gla"],
+                                                        ["attn_map_ce"], ["fashion_mnist"])]
+    assert start() == [[], names, files]
 
 
 def test_by_teacher_table_puts_teachers_side_by_side():

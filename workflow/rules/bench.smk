@@ -1,13 +1,12 @@
 # The operator benchmark (`linvit bench`, part of `all` when config has a `bench` section): time and
 # peak memory against tokens, model throughput against resolution; a section of report.md.
-from linvit.attention import OPERATORS  # noqa: E402
-
 BENCH = f"{RESULTS}/bench"
 
 
 rule bench:
     input:
-        code=code("bench", (config.get("bench") or {}).get("operators", list(OPERATORS))),
+        code=code("bench", (config.get("bench") or {}).get("operators",
+                                                     deps.registry_names("operator"))),
     output:
         record=f"{BENCH}/record.json",
     log:

@@ -1,0 +1,100 @@
+"""What a workflow start computes once per version of linvit's code and then reuses: the config
+check's verdict and the registries' member files.
+
+Every Snakemake start evaluates the Snakefile: the one that plans a run checks every job's config,
+and every one (the one inside a cluster job too, and the one Snakemake spawns for a `run:` rule)
+maps registry names to source files for code-change invalidation. Both need the registries, which
+are torch classes: ~4 s of imports per start, paid again on every rerun of an unchanged grid and
+twice per cluster job. Stored here instead, keyed by everything they depend on (the code of
+src/linvit, byte for byte; the config; the interpreter and torch/timm versions), they are read
+back without importing torch. A key that differs recomputes and replaces the entry; a verdict is
+also refused when a file it found has gone since (`note_checked` records them), so a deleted
+teacher file is still named before any job. Only successful checks are stored.
+
+The folder is the workflow's `.snakemake/linvit` (Snakemake's state folder, in the working
+directory that cluster jobs share). Nothing outside it is written; a folder that cannot be written
+only costs the recomputation.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import sys
+from collections.abc import Iterator
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+from linvit.io import write_text
+
+PACKAGE_ROOT = Path(__file__).resolve().parent          # src/linvit
+_recorders: list[list[str]] = []
+
+
+@cache
+def code_version() -> str:
+    """sha256 over every source file of the package (relative path and bytes)."""
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        digest.update(path.relative_to(PACKAGE_ROOT).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict:
+    """What besides the code can change a verdict: the interpreter and the libraries the
+    registries and configs are built on."""
+    return {"python": sys.version, "executable": sys.executable, "code": code_version(),
+            **{dist: _version(dist) for dist in ("torch", "timm")}}
+
+
+def key_of(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def load(folder: Path | None, name: str, key: str) -> dict | None:
+    """The value stored under `name` for `key`; None when absent, unreadable or another key's."""
+    if folder is None:
+        return None
+    try:
+        entry = json.loads((Path(folder) / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return entry.get("value") if isinstance(entry, dict) and entry.get("key") == key else None
+
+
+def store(folder: Path | None, name: str, key: str, value) -> None:
+    """Replace `name`'s entry atomically (a concurrent reader sees the old or the new one)."""
+    if folder is None:
+        return
+    with contextlib.suppress(OSError):
+        write_text(Path(folder) / f"{name}.json", json.dumps({"key": key, "value": value}))
+
+
+def note_checked(path) -> None:
+    """Record a file a config check found (see `recording`)."""
+    for files in _recorders:
+        files.append(str(path))
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[str]]:
+    """The files that checks inside the block found to exist (`note_checked`)."""
+    files: list[str] = []
+    _recorders.append(files)
+    try:
+        yield files
+    finally:
+        _recorders.remove(files)
+
+
+def all_still_files(paths: list[str]) -> bool:
+    return all(Path(p).is_file() for p in paths)
