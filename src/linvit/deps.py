@@ -83,9 +83,43 @@ def _imports(path: Path) -> set[Path]:
     return files
 
 
+_memo_dir: Path | None = None
+
+
+def memoise_in(folder: Path | None) -> None:
+    """Store the import graph and the registries' member files in `folder` (linvit.memo), keyed by
+    the code: a later Snakemake start, and every one that runs a single job (in a cluster job, or
+    for a `run:` rule), reads them back instead of parsing every file and importing the
+    registries, and so torch."""
+    global _memo_dir
+    _memo_dir = folder
+    for cached in (_code_facts, import_graph, registry_members, _stage_sources):
+        cached.cache_clear()
+
+
+@cache
+def _code_facts() -> dict:
+    """{"graph": file -> files it imports, "members": kind -> name -> file}, as paths relative to
+    SRC_ROOT (JSON, and valid wherever the checkout is)."""
+    key = memo.code_version()
+    facts = memo.load(_memo_dir, "code_facts", key)
+    if facts is None:
+        facts = {"graph": {_rel(p): sorted(map(_rel, _imports(p)))
+                           for p in sorted(PACKAGE_ROOT.rglob("*.py"))},
+                 "members": {kind: {name: _rel(path) for name, path in members.items()}
+                             for kind, members in _imported_registry_members().items()}}
+        memo.store(_memo_dir, "code_facts", key, facts)
+    return facts
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(SRC_ROOT).as_posix()
+
+
 @cache
 def import_graph() -> dict[Path, frozenset[Path]]:
-    return {p: frozenset(_imports(p)) for p in sorted(PACKAGE_ROOT.rglob("*.py"))}
+    return {SRC_ROOT / p: frozenset(SRC_ROOT / t for t in targets)
+            for p, targets in _code_facts()["graph"].items()}
 
 
 def closure(entries: list[str]) -> set[Path]:
@@ -100,29 +134,11 @@ def closure(entries: list[str]) -> set[Path]:
     return seen
 
 
-_memo_dir: Path | None = None
-
-
-def memoise_in(folder: Path | None) -> None:
-    """Store `registry_members` in `folder` (linvit.memo), keyed by the code: the Snakemakes that
-    only run one job (in a cluster job, or for a `run:` rule) then read it without importing the
-    registries, and so torch."""
-    global _memo_dir
-    _memo_dir = folder
-    registry_members.cache_clear()
-
-
 @cache
 def registry_members() -> dict[str, dict[str, Path]]:
     """kind -> name -> the file that defines that registry entry."""
-    stored = memo.load(_memo_dir, "registry_members", memo.code_version())
-    if stored is None:
-        stored = {kind: {name: path.relative_to(SRC_ROOT).as_posix()
-                         for name, path in members.items()}
-                  for kind, members in _imported_registry_members().items()}
-        memo.store(_memo_dir, "registry_members", memo.code_version(), stored)
     return {kind: {name: SRC_ROOT / rel for name, rel in members.items()}
-            for kind, members in stored.items()}
+            for kind, members in _code_facts()["members"].items()}
 
 
 def registry_names(kind: str) -> list[str]:

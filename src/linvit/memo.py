@@ -1,11 +1,11 @@
 """What a workflow start computes once per version of linvit's code and then reuses: the config
-check's verdict and the registries' member files.
+check's verdict and the code map (linvit.deps: the package's import graph, the registries' files).
 
 Every Snakemake start evaluates the Snakefile: the one that plans a run checks every job's config,
 and every one (the one inside a cluster job too, and the one Snakemake spawns for a `run:` rule)
-maps registry names to source files for code-change invalidation. Both need the registries, which
-are torch classes: ~4 s of imports per start, paid again on every rerun of an unchanged grid and
-twice per cluster job. Stored here instead, keyed by everything they depend on (the code of
+builds the code map for code-change invalidation. Both need the registries, which are torch
+classes, and the map parses every source file: ~5 s per start, paid again on every rerun of an
+unchanged grid and twice per cluster job. Stored here instead, keyed by everything they depend on (the code of
 src/linvit, byte for byte; the config; the interpreter and torch/timm versions), they are read
 back without importing torch. A key that differs recomputes and replaces the entry; a verdict is
 also refused when a file it found has gone since (`note_checked` records them), so a deleted

@@ -402,8 +402,8 @@ def test_a_stored_config_verdict_holds_only_for_its_config_code_and_files(tmp_pa
 
 def test_a_workflow_start_with_stored_answers_does_not_import_torch(tmp_path):
     """What every Snakemake start evaluates, the config check and the code map, is read back from
-    linvit.memo without importing the registries, and so torch (~4 s per start), and the code
-    map read back is the one the registries give."""
+    linvit.memo without importing the registries (and so torch) or parsing the package (~5 s per
+    start), and the code map read back is the one the registries and the imports give."""
     import json
     import subprocess
     import sys
@@ -412,13 +412,15 @@ def test_a_workflow_start_with_stored_answers_does_not_import_torch(tmp_path):
 import json, sys
 from pathlib import Path
 from linvit import deps, grid
+parsed, parse = [], deps._imports
+deps._imports = lambda path: parsed.append(path) or parse(path)
 memo = Path({str(tmp_path / "memo")!r})
 deps.memoise_in(memo)
 grid.check_config(json.loads(Path({str(tmp_path / "config.json")!r}).read_text()),
                   {str(ROOT / "Snakefile")!r}, memo)
 files = deps.stage_sources("finetune", ["linear", "gla"], ["attn_map_ce"], ["fashion_mnist"])
 print(json.dumps([sorted(m for m in ("torch", "linvit.attention") if m in sys.modules),
-                  deps.registry_names("operator"), [str(f) for f in files]]))
+                  bool(parsed), deps.registry_names("operator"), [str(f) for f in files]]))
 """
     def start():
         run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -426,11 +428,11 @@ print(json.dumps([sorted(m for m in ("torch", "linvit.attention") if m in sys.mo
         assert run.returncode == 0, run.stderr[-3000:]
         return json.loads(run.stdout)
 
-    imported, names, files = start()
-    assert imported == ["linvit.attention", "torch"] and names == list(OPERATORS)
+    imported, parsed, names, files = start()
+    assert imported == ["linvit.attention", "torch"] and parsed and names == list(OPERATORS)
     assert files == [str(f) for f in deps.stage_sources("finetune", ["linear", "gla"],
                                                         ["attn_map_ce"], ["fashion_mnist"])]
-    assert start() == [[], names, files]
+    assert start() == [[], False, names, files]           # nothing imported, no file parsed
 
 
 def test_by_teacher_table_puts_teachers_side_by_side():

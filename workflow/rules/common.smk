@@ -19,8 +19,8 @@ from linvit import cluster, deps  # noqa: E402   (grid: imported by the Snakefil
 # (and so before the config check, the slow part of planning a large grid).
 cluster.check_site_settings(cluster.resource_expressions(workflow.resource_settings), os.environ)
 
-# What every start would otherwise recompute with the registries, and so torch (~4 s): the config
-# check's verdict and the registries' files, kept per code version in the working directory's
+# What every start would otherwise recompute, importing the registries and so torch (~5 s): the
+# config check's verdict and the code map, kept per code version in the working directory's
 # Snakemake folder (linvit.memo), which cluster jobs share.
 MEMO = Path.cwd() / ".snakemake" / "linvit"
 deps.memoise_in(MEMO)
