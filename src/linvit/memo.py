@@ -58,7 +58,17 @@ def environment() -> dict:
 
 
 def key_of(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+    """A digest of plain data (dicts, lists, str, numbers, ...): equal data in any key order give
+    the same digest; 1 and "1" do not (JSON would merge them, and fail on keys of mixed types)."""
+    return hashlib.sha256(repr(_canonical(value)).encode()).hexdigest()
+
+
+def _canonical(value):
+    if isinstance(value, dict):
+        return sorted((repr(k), _canonical(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return repr(value)
 
 
 def load(folder: Path | None, name: str, key: str) -> dict | None:

@@ -400,6 +400,15 @@ def test_a_stored_config_verdict_holds_only_for_its_config_code_and_files(tmp_pa
             checked(config)
 
 
+def test_a_memo_key_ignores_key_order_but_not_types():
+    from linvit.memo import key_of
+    a = {"x": [1, {"b": 2.0, "a": None}], 1: "one"}            # keys of mixed types are fine
+    assert key_of(a) == key_of({1: "one", "x": [1, {"a": None, "b": 2.0}]})
+    assert key_of(a) != key_of({"1": "one", "x": [1, {"b": 2.0, "a": None}]})
+    assert key_of(a) != key_of({1: "one", "x": [1, {"b": 2, "a": None}]})
+    assert key_of(a) != key_of({1: "one", "x": [{"b": 2.0, "a": None}, 1]})
+
+
 def test_a_workflow_start_with_stored_answers_does_not_import_torch(tmp_path):
     """What every Snakemake start evaluates, the config check and the code map, is read back from
     linvit.memo without importing the registries (and so torch) or parsing the package (~5 s per
