@@ -11,9 +11,10 @@ import torch
 
 from linvit.models import ModelSpec, create_vit, save_model
 
-# The suite runs in three processes on two cores (see LONGEST_FIRST below): each computes on one
-# thread. torch's default, a thread per core in every process, oversubscribes the cores, and idle
-# OpenMP threads spin: a fifth more CPU time for the same tests, measured side by side.
+# The suite runs in three processes on two cores (see LONGEST_FIRST below): torch computes on one
+# thread in each. Its default, a thread per core in every process, oversubscribes the cores, and
+# idle OpenMP threads spin: a fifth more CPU time for the same tests, measured side by side. (The
+# workflow's jobs get their threads from the workflow: run.threads.)
 torch.set_num_threads(1)
 
 

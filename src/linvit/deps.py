@@ -102,8 +102,8 @@ def _code_facts() -> dict:
     """{"graph": file -> files it imports, "members": kind -> name -> file}, as paths relative to
     SRC_ROOT (JSON, and valid wherever the checkout is)."""
     key = memo.code_version()
-    facts = memo.load(_memo_dir, "code_facts", key)
-    if facts is None:
+    facts = memo.load(_memo_dir, "code_facts", key) or {}
+    if not all(isinstance(facts.get(part), dict) for part in ("graph", "members")):
         facts = {"graph": {_rel(p): sorted(map(_rel, _imports(p)))
                            for p in sorted(PACKAGE_ROOT.rglob("*.py"))},
                  "members": {kind: {name: _rel(path) for name, path in members.items()}

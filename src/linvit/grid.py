@@ -422,10 +422,12 @@ def check_config(config: dict, existing_file: str, memo_dir: Path | None = None)
     jobs take about a second). With `memo_dir`, a verdict stored there for the same config, code
     and environment is reused while the files it found are still there (linvit.memo): no torch
     import, no rebuild."""
+    if memo_dir is None:
+        return _check_config(config, existing_file)
     key = memo.key_of({"config": config, "existing_file": existing_file,
                        "environment": memo.environment()})
-    found = memo.load(memo_dir, "config_check", key)
-    if found is not None and memo.all_still_files(found["files"]):
+    found = memo.load(memo_dir, "config_check", key) or {}
+    if memo.all_still_files(found.get("files")):
         return
     with memo.recording() as files:
         _check_config(config, existing_file)

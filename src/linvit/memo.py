@@ -54,7 +54,7 @@ def environment() -> dict:
     """What besides the code can change a verdict: the interpreter and the libraries the
     registries and configs are built on."""
     return {"python": sys.version, "executable": sys.executable, "code": code_version(),
-            **{dist: _version(dist) for dist in ("torch", "timm")}}
+            **{dist: _version(dist) for dist in ("torch", "timm", "pyyaml")}}
 
 
 def key_of(value) -> str:
@@ -72,14 +72,17 @@ def _canonical(value):
 
 
 def load(folder: Path | None, name: str, key: str) -> dict | None:
-    """The value stored under `name` for `key`; None when absent, unreadable or another key's."""
+    """The mapping stored under `name` for `key`; None when absent, unreadable, another key's or
+    not a mapping (callers still check the fields they read)."""
     if folder is None:
         return None
     try:
         entry = json.loads((Path(folder) / f"{name}.json").read_text())
     except (OSError, ValueError):
         return None
-    return entry.get("value") if isinstance(entry, dict) and entry.get("key") == key else None
+    if not isinstance(entry, dict) or entry.get("key") != key:
+        return None
+    return entry["value"] if isinstance(entry.get("value"), dict) else None
 
 
 def store(folder: Path | None, name: str, key: str, value) -> None:
@@ -107,5 +110,7 @@ def recording() -> Iterator[list[str]]:
         _recorders.remove(files)
 
 
-def all_still_files(paths: list[str]) -> bool:
-    return all(Path(p).is_file() for p in paths)
+def all_still_files(paths) -> bool:
+    """Whether `paths` is a list of paths that all are files now (False for anything else)."""
+    return isinstance(paths, list) and all(isinstance(p, str) and Path(p).is_file()
+                                           for p in paths)

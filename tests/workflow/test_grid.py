@@ -398,6 +398,18 @@ def test_a_stored_config_verdict_holds_only_for_its_config_code_and_files(tmp_pa
     for _ in range(2):
         with pytest.raises(ConfigError, match="teachers.deit.file: file not found"):
             checked(config)
+    # a file a job's config named (checkpoints: the stand-in file) counts as well
+    del config["teachers"]["deit"]
+    stand_in = tmp_path / "stand-in"
+    stand_in.write_text("")
+    grid.check_config(config, str(stand_in), tmp_path / "memo")
+    stand_in.unlink()
+    with pytest.raises(ConfigError, match="file not found: .*stand-in"):
+        grid.check_config(config, str(stand_in), tmp_path / "memo")
+    # an entry of the right key but another shape (edited by hand) is checked anew
+    entry = tmp_path / "memo" / "config_check.json"
+    entry.write_text(entry.read_text().replace('"files"', '"other"'))
+    assert checked(config)
 
 
 def test_a_memo_key_ignores_key_order_but_not_types():
@@ -431,6 +443,7 @@ files = deps.stage_sources("finetune", ["linear", "gla"], ["attn_map_ce"], ["fas
 print(json.dumps([sorted(m for m in ("torch", "linvit.attention") if m in sys.modules),
                   bool(parsed), deps.registry_names("operator"), [str(f) for f in files]]))
 """
+
     def start():
         run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                              env={**os.environ, "PYTHONPATH": str(deps.SRC_ROOT)})
