@@ -15,7 +15,7 @@ from pathlib import Path
 
 from linvit import memo
 
-PACKAGE_ROOT = Path(__file__).resolve().parent          # src/linvit
+PACKAGE_ROOT = memo.PACKAGE_ROOT                         # src/linvit
 SRC_ROOT = PACKAGE_ROOT.parent                           # src
 
 @cache

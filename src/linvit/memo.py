@@ -6,11 +6,11 @@ and every one (the one inside a cluster job too, and the one Snakemake spawns fo
 builds the code map for code-change invalidation. Both need the registries, which are torch
 classes, and the map parses every source file: ~5 s per start, paid again on every rerun of an
 unchanged grid and twice per cluster job. Stored here instead, keyed by everything they depend on
-(the code of src/linvit, byte for byte; the config; the interpreter and torch/timm versions),
-they are read back without importing torch. A key that differs recomputes and replaces the
-entry; a verdict is also refused when a file it found has gone since (`note_checked` records
-them), so a deleted teacher file is still named before any job. Only successful checks are
-stored.
+(the code of src/linvit, byte for byte; the config; the interpreter and the torch, timm and
+PyYAML versions), they are read back without importing torch. A key that differs recomputes and
+replaces the entry; a verdict is also refused when a file it found has gone since (`note_checked`
+records them), so a deleted teacher file is still named before any job. Only successful checks
+are stored.
 
 The folder is the workflow's `.snakemake/linvit` (Snakemake's state folder, in the working
 directory that cluster jobs share). Nothing outside it is written; a folder that cannot be written
