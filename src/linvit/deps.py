@@ -9,11 +9,13 @@ editing a shared module (`attention/base.py`, `train/loop.py`) touches every job
 from __future__ import annotations
 
 import ast
+import hashlib
 import inspect
 from functools import cache
 from pathlib import Path
 
 from linvit import memo
+from linvit.io import write_text
 
 PACKAGE_ROOT = memo.PACKAGE_ROOT                         # src/linvit
 SRC_ROOT = PACKAGE_ROOT.parent                           # src
@@ -93,7 +95,7 @@ def memoise_in(folder: Path | None) -> None:
     registries, and so torch."""
     global _memo_dir
     _memo_dir = folder
-    for cached in (_code_facts, import_graph, registry_members, _stage_sources):
+    for cached in (_code_facts, import_graph, registry_members, _stage_sources, _write_stamp):
         cached.cache_clear()
 
 
@@ -182,3 +184,34 @@ def _stage_sources(stage: str, operators: tuple, losses: tuple, datasets: tuple)
               if n in selected[kind]}
     return tuple(sorted(files | shared))
 
+
+
+def code_stamp(folder: Path, stage: str, operators=(), losses=(), datasets=()) -> Path:
+    """A file in `folder` that stands for the source files a job of `stage` runs (stage_sources):
+    it lists them with their sha256, `sha256sum`-style, and is rewritten only when that list
+    changes. Jobs take it as their one code input. Snakemake then reruns a job when its stamp is
+    newer than its outputs, unless the stamp's checksum equals the one recorded when the job ran:
+    so an edit reruns exactly the jobs that run the edited file, undoing the edit reruns nothing,
+    and neither does a checkout that only touches modification times. A DAG of thousands of jobs
+    checks one file per job instead of ~60 (the paper grid's dry run: 23 s -> 10 s here)."""
+    return _write_stamp(Path(folder), stage, *(tuple(sorted(set(names)))
+                                               for names in (operators, losses, datasets)))
+
+
+@cache
+def _write_stamp(folder: Path, stage: str, operators: tuple, losses: tuple,
+                 datasets: tuple) -> Path:
+    # Once per selection and start. Named by the file list, so that a job's input set changes
+    # only when what it runs does.
+    files = [_rel(p) for p in _stage_sources(stage, operators, losses, datasets)]
+    name = hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
+    path = folder / f"{stage}-{name}.txt"
+    text = (f"# the source files (under src/) that a linvit job of stage `{stage}` runs\n"
+            + memo.digest_lines(files))
+    try:
+        unchanged = path.read_text() == text
+    except OSError:
+        unchanged = False
+    if not unchanged:
+        write_text(path, text)
+    return path

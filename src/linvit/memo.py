@@ -34,13 +34,23 @@ _recorders: list[list[str]] = []
 
 
 @cache
+def file_digests() -> dict[str, str]:
+    """The sha256 of every source file of the package, by its path under src/ ("linvit/io.py")."""
+    return {path.relative_to(PACKAGE_ROOT.parent).as_posix():
+            hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(PACKAGE_ROOT.rglob("*.py"))}
+
+
+def digest_lines(paths) -> str:
+    """`sha256sum`'s format for the given paths under src/: one "<sha256>  <path>" line each."""
+    digests = file_digests()
+    return "".join(f"{digests[p]}  {p}\n" for p in paths)
+
+
+@cache
 def code_version() -> str:
-    """sha256 over every source file of the package (relative path and bytes)."""
-    digest = hashlib.sha256()
-    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
-        digest.update(path.relative_to(PACKAGE_ROOT).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    """sha256 over every source file of the package (its path and the sha256 of its bytes)."""
+    return hashlib.sha256(digest_lines(file_digests()).encode()).hexdigest()
 
 
 def _version(dist: str) -> str | None:

@@ -247,6 +247,41 @@ def test_code_map_selects_registry_members():
                                   ["fashion_mnist"])) == files
 
 
+def test_a_code_stamp_lists_its_jobs_files_and_is_rewritten_only_when_they_change(
+        tmp_path, monkeypatch):
+    """A job's one code input: its files with their sha256; the same file for the same selection
+    in any order, rewritten (a newer mtime, which reruns the job) when one of its files changes,
+    left alone when another file does or nothing does."""
+    import hashlib
+
+    from linvit import memo
+
+    def stamp(operators=("softmax", "focused")):
+        deps.memoise_in(None)                           # a new workflow start
+        return deps.code_stamp(tmp_path, "finetune", operators, [], ["fashion_mnist"])
+
+    path = stamp()
+    lines = path.read_text().splitlines()[1:]
+    files = deps.stage_sources("finetune", ["softmax", "focused"], [], ["fashion_mnist"])
+    assert [line.split("  ")[1] for line in lines] == [str(f.relative_to(deps.SRC_ROOT))
+                                                      for f in files]
+    for line in lines:
+        digest, name = line.split("  ")
+        assert digest == hashlib.sha256((deps.SRC_ROOT / name).read_bytes()).hexdigest(), name
+    os.utime(path, ns=(0, 0))
+    assert stamp(["focused", "softmax", "focused"]) == path and path.stat().st_mtime_ns == 0
+    digests = memo.file_digests()
+    monkeypatch.setattr(memo, "file_digests", lambda: {**digests,
+                                                       "linvit/attention/linear.py": "0" * 64})
+    assert stamp() == path and path.stat().st_mtime_ns == 0       # not one of its files
+    monkeypatch.setattr(memo, "file_digests", lambda: {**digests,
+                                                       "linvit/attention/focused.py": "0" * 64})
+    assert stamp() == path and path.stat().st_mtime_ns > 0
+    assert f"{'0' * 64}  linvit/attention/focused.py" in path.read_text().splitlines()
+    assert stamp(["softmax", "linear"]) != path
+    deps.memoise_in(None)
+
+
 def test_operators_and_losses_each_have_their_own_file():
     members = deps.registry_members()
     for kind in ("operator", "loss"):

@@ -150,7 +150,7 @@ def test_every_command_keeps_paths_and_keys_whole(tmp_path, mnist_root):
                 if w.startswith("model=")]                 # the teacher's own maps
     robust = {words[words.index("-o") + 1]: words for words in commands["robustness_cell"]
               if "-o" in words}
-    cell = f"{HOSTILE}/robustness/cells/synthetic/pretrain/cpu96/linear/copy_mlp/none/seed0/run"
+    cell = f"{HOSTILE}/robustness/cells/synthetic/pretrain/cpu96/linear/random/none/seed0/run"
     corrupted = f"{HOSTILE}/robustness/corrupted/synthetic/run/corrupted.safetensors"
     assert f"corrupted={json.dumps(corrupted)}" in robust[cell]
 
@@ -173,7 +173,8 @@ def test_the_teacher_axis_runs_pretrained_selected_and_probed_teachers(tmp_path,
     path = copy_project(tmp_path)
     config = small_config("results", mnist_root)
     stage = config["stages"]["teacher"]
-    config.update(strategies=["copy_mlp+distill"], reference_strategies=[],
+    # copy_mlp: each teacher's weights reach its students without a distillation job each
+    config.update(strategies=["copy_mlp"], reference_strategies=[],
                   teachers={"pretrain": {"source": "pretrain"},
                             "wide": {"source": "pretrain", "size": "cpu192",
                                      "students": ["cpu96"]},
@@ -196,7 +197,7 @@ def test_the_teacher_axis_runs_pretrained_selected_and_probed_teachers(tmp_path,
     assert probe["config"]["teacher"] == "results/imports/synthetic/ssl/cpu96/model.safetensors"
     # each cell was taught by its own teacher model
     for teacher in ("pretrain", "wide", "ssl"):
-        cell = results / f"cells/synthetic/{teacher}/cpu96/linear/copy_mlp+distill/out/seed0"
+        cell = results / f"cells/synthetic/{teacher}/cpu96/linear/copy_mlp/none/seed0"
         cfg = yaml.safe_load((cell / "config.yaml").read_text())["config"]
         assert cfg["teacher"] == f"results/teachers/synthetic/{teacher}/cpu96/model.safetensors"
     by_teacher = pd.read_csv(results / "tables" / "by_teacher.csv")

@@ -50,9 +50,10 @@ wildcard_constraints:
 
 
 def code(stage, operators=(), losses=(), datasets=()):
-    """The src files a job of `stage` runs: editing one of them reruns exactly these jobs.
-    Names are registry names (a grid's dataset entries: registry_dataset)."""
-    return [str(p) for p in deps.stage_sources(stage, operators, losses, datasets)]
+    """The stamp of the src files a job of `stage` runs (deps.code_stamp): editing one of them
+    reruns exactly these jobs. Names are registry names (a grid's dataset entries:
+    registry_dataset)."""
+    return str(deps.code_stamp(MEMO / "code", stage, operators, losses, datasets))
 
 
 def registry_dataset(name):
