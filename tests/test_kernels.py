@@ -131,8 +131,9 @@ def test_triton_that_cannot_load_is_said_unless_simply_absent(monkeypatch, caplo
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 def test_triton_kernels_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
+    # -n 0: one process (pyproject's -n 3 would start three, each importing torch, for one file)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(HERE / "interpreted")], env=env, cwd=HERE.parent,
+                           "-n", "0", str(HERE / "interpreted")], env=env, cwd=HERE.parent,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
