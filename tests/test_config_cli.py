@@ -99,6 +99,26 @@ def test_cli_fails_before_compute_with_exit_2(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_a_job_refuses_code_that_changed_since_its_stamp(tmp_path, capsys):
+    """The workflow passes each job its code stamp: a listed file edited (or gone) between
+    planning and running fails the job, naming the file, before the command starts."""
+    from linvit import deps
+
+    stamp = deps.code_stamp(tmp_path / "code", "pretrain", ["softmax"], [], ["fashion_mnist"])
+    assert cli.main(["--code-stamp", str(stamp), "list"]) == 0
+    lines = stamp.read_text().splitlines()
+    edited = next(i for i, line in enumerate(lines) if line.endswith("linvit/cli.py"))
+    lines[edited] = "0" * 64 + "  linvit/cli.py"
+    lines.append("1" * 64 + "  linvit/gone.py")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert cli.main(["--code-stamp", str(bad), "list"]) == 2      # (not a slow command, if broken)
+    out, err = capsys.readouterr()
+    assert "linvit list: error: the code changed since the workflow planned" in err
+    assert "linvit/cli.py, linvit/gone.py differ" in err and out == ""
+
+
 def test_missing_dataset_names_the_paths_and_the_fix(tmp_path, capsys):
     code = cli.main(["pretrain", "-o", str(tmp_path / "r"), f"data.root={tmp_path}"])
     err = capsys.readouterr().err

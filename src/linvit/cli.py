@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="processes (GPUs) for data-parallel training; >1 relaunches "
                              "this command under torch.distributed.run (run.threads is then "
                              "shared among them)")
+    parser.add_argument("--code-stamp", metavar="FILE",
+                        help="refuse to run unless the source files this code stamp lists "
+                             "(linvit.deps.code_stamp) are what it records: the workflow's "
+                             "check that its jobs run the code they were planned with")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, stage in STAGES.items():
         p = sub.add_parser(name, help=stage.help, description=stage.help)
@@ -118,6 +122,15 @@ def relaunch_distributed(nproc: int, argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    if args.code_stamp:
+        from linvit.deps import stamp_mismatches
+
+        changed = stamp_mismatches(args.code_stamp)
+        if changed:
+            print(f"linvit {args.command}: error: the code changed since the workflow planned "
+                  f"this job ({', '.join(changed)} differ from {args.code_stamp}); run the "
+                  "workflow again", file=sys.stderr)
+            return 2
     if args.nproc > 1 and "LOCAL_RANK" not in os.environ:
         relaunch_distributed(args.nproc, argv)
     from linvit.errors import LinvitError, RunFailed

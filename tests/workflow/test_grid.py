@@ -253,6 +253,7 @@ def test_a_code_stamp_lists_its_jobs_files_and_is_rewritten_only_when_they_chang
     in any order, rewritten (a newer mtime, which reruns the job) when one of its files changes,
     left alone when another file does or nothing does."""
     import hashlib
+    from functools import cache
 
     from linvit import memo
 
@@ -263,6 +264,9 @@ def test_a_code_stamp_lists_its_jobs_files_and_is_rewritten_only_when_they_chang
     path = stamp()
     lines = path.read_text().splitlines()[1:]
     files = deps.stage_sources("finetune", ["softmax", "focused"], [], ["fashion_mnist"])
+    # new: as old as its newest file (a lost .snakemake reruns nothing); the code as planned
+    assert path.stat().st_mtime_ns == max(f.stat().st_mtime_ns for f in files)
+    assert deps.stamp_mismatches(path) == []
     assert [line.split("  ")[1] for line in lines] == [str(f.relative_to(deps.SRC_ROOT))
                                                       for f in files]
     for line in lines:
@@ -271,13 +275,15 @@ def test_a_code_stamp_lists_its_jobs_files_and_is_rewritten_only_when_they_chang
     os.utime(path, ns=(0, 0))
     assert stamp(["focused", "softmax", "focused"]) == path and path.stat().st_mtime_ns == 0
     digests = memo.file_digests()
-    monkeypatch.setattr(memo, "file_digests", lambda: {**digests,
-                                                       "linvit/attention/linear.py": "0" * 64})
+    monkeypatch.setattr(memo, "file_digests", cache(
+        lambda: {**digests, "linvit/attention/linear.py": "0" * 64}))
     assert stamp() == path and path.stat().st_mtime_ns == 0       # not one of its files
-    monkeypatch.setattr(memo, "file_digests", lambda: {**digests,
-                                                       "linvit/attention/focused.py": "0" * 64})
+    monkeypatch.setattr(memo, "file_digests", cache(
+        lambda: {**digests, "linvit/attention/focused.py": "0" * 64}))
     assert stamp() == path and path.stat().st_mtime_ns > 0
     assert f"{'0' * 64}  linvit/attention/focused.py" in path.read_text().splitlines()
+    # a job planned with that stamp refuses to run the real focused.py
+    assert deps.stamp_mismatches(path) == ["linvit/attention/focused.py"]
     assert stamp(["softmax", "linear"]) != path
     deps.memoise_in(None)
 

@@ -66,8 +66,9 @@ def toy_paper_config(data: Path, teacher: Path, shifts: dict) -> dict:
     config = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
     config.update(
         results="results", sizes=["deit_t"], operators=["linear"], seeds=[0],
-        # the recipe and its data-free baseline; random init and the loss grid run in the tiny
-        # grid (test_snakemake.py), whose jobs cost a tenth of these
+        # the recipe and its data-free baseline. Random init and the loss grid run in the tiny
+        # grid (test_snakemake.py), whose jobs cost a tenth of these, but there in one process
+        # per job: nproc=2 (below) is held by these two strategies only
         strategies=["copy_mlp+distill", "copy_mlp+mimetic"],
         teachers={"deit_t": {"source": "timm", "size": "deit_t", "file": str(teacher)}},
         bench=None,

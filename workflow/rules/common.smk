@@ -78,12 +78,14 @@ def cell_of(wc):
 # (--nproc). None locally; a cluster profile's set-resources gives training rules theirs.
 RUN_RESOURCES = dict(gpu=0, nproc=1)
 
-# Every job: run linvit, then write a record (ok or failed), so one failing job shows as failed
-# in the tables instead of stopping the rest of the grid. A job killed by a signal (an interrupted
+# Every job: run linvit (which first checks that the code is what the job's stamp records), then
+# write a record (ok or failed), so one failing job shows as failed in the tables instead of
+# stopping the rest of the grid. A job killed by a signal (an interrupted
 # workflow) leaves no record: it has not failed, and the next run resumes it.
 RUN_AND_RECORD = """
 status=0
-{LINVIT} --nproc {resources.nproc:q} {params.args} run.threads={threads} > {log:q} 2>&1 || status=$?
+{LINVIT} --nproc {resources.nproc:q} --code-stamp {input.code:q} {params.args} run.threads={threads} \
+    > {log:q} 2>&1 || status=$?
 if [ $status -ge 128 ]; then exit $status; fi
 {REPORT} record --kind {params.kind:q} --key {params.key:q} --run-dir {params.dir:q} \
     --status $status --log {log:q} --out {output.record:q}
