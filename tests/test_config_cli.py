@@ -117,6 +117,8 @@ def test_a_job_refuses_code_that_changed_since_its_stamp(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "linvit list: error: the code changed since the workflow planned" in err
     assert "linvit/cli.py, linvit/gone.py differ" in err and out == ""
+    assert cli.main(["--code-stamp", str(tmp_path / "none.txt"), "list"]) == 2
+    assert "cannot read the code stamp" in capsys.readouterr().err
 
 
 def test_missing_dataset_names_the_paths_and_the_fix(tmp_path, capsys):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import NamedTuple
 
 
@@ -119,18 +120,27 @@ def relaunch_distributed(nproc: int, argv: list[str]) -> None:
                               f"--nproc_per_node={nproc}", "-m", "linvit.cli", *rest])
 
 
+def code_stamp_problem(stamp: str) -> str | None:
+    """Why this job must not run the code it finds (None: it is the code the workflow planned
+    with; see linvit.deps.code_stamp)."""
+    from linvit.memo import digest_mismatches
+
+    try:
+        changed = digest_mismatches(Path(stamp).read_text())
+    except (OSError, ValueError) as e:
+        return f"cannot read the code stamp {stamp} ({e})"
+    if changed:
+        return (f"the code changed since the workflow planned this job ({', '.join(changed)} "
+                f"differ from {stamp})")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    if args.code_stamp:
-        from linvit.deps import stamp_mismatches
-
-        changed = stamp_mismatches(args.code_stamp)
-        if changed:
-            print(f"linvit {args.command}: error: the code changed since the workflow planned "
-                  f"this job ({', '.join(changed)} differ from {args.code_stamp}); run the "
-                  "workflow again", file=sys.stderr)
-            return 2
+    if args.code_stamp and (problem := code_stamp_problem(args.code_stamp)):
+        print(f"linvit {args.command}: error: {problem}; run the workflow again", file=sys.stderr)
+        return 2
     if args.nproc > 1 and "LOCAL_RANK" not in os.environ:
         relaunch_distributed(args.nproc, argv)
     from linvit.errors import LinvitError, RunFailed

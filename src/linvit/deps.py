@@ -197,7 +197,7 @@ def code_stamp(folder: Path, stage: str, operators=(), losses=(), datasets=()) -
     newest modification time of its files, as the files themselves did as inputs, so a lost
     `.snakemake` reruns nothing either. A DAG of thousands of jobs checks one file per job
     instead of ~60 (the paper grid's dry run here: 23.3 s -> 11.2 s). Jobs check their stamp
-    before they run (`stamp_mismatches`): code edited after planning fails the job instead of
+    before they run (`linvit --code-stamp`): code edited after planning fails the job instead of
     running code its record would not account for."""
     return _write_stamp(Path(folder), stage, *(tuple(sorted(set(names)))
                                                for names in (operators, losses, datasets)))
@@ -211,7 +211,10 @@ def _write_stamp(folder: Path, stage: str, operators: tuple, losses: tuple,
     # changing it reruns every job once.
     files = [_rel(p) for p in _stage_sources(stage, operators, losses, datasets)]
     name = hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
-    path = folder / f"{stage}-{name}.txt"
+    # One folder per stamp: while it builds the DAG, Snakemake lists each input's folder once and
+    # then takes a file missing from that listing as missing. Stamps are made by input functions
+    # during that build, so a new one in a shared, already listed folder would be "missing".
+    path = folder / f"{stage}-{name}" / "sources.sha256"
     text = (f"# the source files (under src/) that a linvit job of stage `{stage}` runs\n"
             + memo.digest_lines(files))
     try:
@@ -229,16 +232,3 @@ def _write_stamp(folder: Path, stage: str, operators: tuple, losses: tuple,
                           "per job kind in .snakemake/linvit/code of its working directory, "
                           "which must be writable") from e
     return path
-
-
-def stamp_mismatches(path) -> list[str]:
-    """The files a code stamp lists whose content is not what it records (or that are gone):
-    empty when the code is the code the workflow planned with."""
-    changed = []
-    for line in Path(path).read_text().splitlines():
-        if line and not line.startswith("#"):
-            digest, name = line.split("  ", 1)
-            file = SRC_ROOT / name
-            if not file.is_file() or hashlib.sha256(file.read_bytes()).hexdigest() != digest:
-                changed.append(name)
-    return changed

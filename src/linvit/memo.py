@@ -47,6 +47,19 @@ def digest_lines(paths) -> str:
     return "".join(f"{digests[p]}  {p}\n" for p in paths)
 
 
+def digest_mismatches(text: str) -> list[str]:
+    """The paths of `digest_lines` text (lines starting with # are comments) whose file under
+    src/ is gone or no longer has the recorded sha256, read afresh from disk."""
+    changed = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            digest, name = line.split("  ", 1)
+            file = PACKAGE_ROOT.parent / name
+            if not file.is_file() or hashlib.sha256(file.read_bytes()).hexdigest() != digest:
+                changed.append(name)
+    return changed
+
+
 @cache
 def code_version() -> str:
     """sha256 over every source file of the package (its path and the sha256 of its bytes)."""
