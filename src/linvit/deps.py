@@ -209,7 +209,8 @@ def _write_stamp(folder: Path, stage: str, operators: tuple, losses: tuple,
     # Once per selection and start. Named by the file list, so that a job's input set changes
     # only when what it runs does. The text's format is part of every job's input checksum:
     # changing it reruns every job once.
-    files = [_rel(p) for p in _stage_sources(stage, operators, losses, datasets)]
+    sources = _stage_sources(stage, operators, losses, datasets)
+    files = [_rel(p) for p in sources]
     name = hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
     # One folder per stamp: while it builds the DAG, Snakemake lists each input's folder once and
     # then takes a file missing from that listing as missing. Stamps are made by input functions
@@ -225,7 +226,7 @@ def _write_stamp(folder: Path, stage: str, operators: tuple, losses: tuple,
         try:
             write_text(path, text)
             if old is None:
-                newest = max((SRC_ROOT / f).stat().st_mtime_ns for f in files)
+                newest = max(p.stat().st_mtime_ns for p in sources)
                 os.utime(path, ns=(newest, newest))
         except OSError as e:
             raise OSError(f"cannot write the code stamp {path} ({e}): the workflow keeps one "

@@ -27,7 +27,7 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
-from linvit.io import write_text
+from linvit.io import sha256_file, write_text
 
 PACKAGE_ROOT = Path(__file__).resolve().parent          # src/linvit
 _recorders: list[list[str]] = []
@@ -36,8 +36,7 @@ _recorders: list[list[str]] = []
 @cache
 def file_digests() -> dict[str, str]:
     """The sha256 of every source file of the package, by its path under src/ ("linvit/io.py")."""
-    return {path.relative_to(PACKAGE_ROOT.parent).as_posix():
-            hashlib.sha256(path.read_bytes()).hexdigest()
+    return {path.relative_to(PACKAGE_ROOT.parent).as_posix(): sha256_file(path)
             for path in sorted(PACKAGE_ROOT.rglob("*.py"))}
 
 
@@ -55,7 +54,7 @@ def digest_mismatches(text: str) -> list[str]:
         if line and not line.startswith("#"):
             digest, name = line.split("  ", 1)
             file = PACKAGE_ROOT.parent / name
-            if not file.is_file() or hashlib.sha256(file.read_bytes()).hexdigest() != digest:
+            if not file.is_file() or sha256_file(file) != digest:
                 changed.append(name)
     return changed
 
