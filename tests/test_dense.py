@@ -424,30 +424,39 @@ def test_pickled_code_is_refused_inside_the_allow_list(tmp_path, fn):
 
 
 def test_dense_gaps_pair_each_strategy_with_the_random_student_seed_by_seed(tmp_path):
-    """The gain table subtracts the random-init student of the same operator and seed, shows each
-    seed's gain, and leaves out seeds where either job failed."""
+    """The gain table subtracts the random-init student of the same operator and seed, from each
+    strategy and from the teacher of the same dataset (its heads' seeds), shows each seed's
+    gain, and leaves out seeds where either job failed."""
     import pandas as pd
 
-    from linvit.report.dense import dense_gaps, write_dense
+    from linvit.report.dense import GAP_CAPTION, dense_gaps, write_dense
 
     rows = []
     for task, metric in (("segment", "mIoU"), ("detect", "box_AP")):
-        rows.append(dict(task=task, operator="softmax", init="teacher", seed=0, **{metric: 40.0}))
+        for seed, value in enumerate([40.0, 40.0, 40.0]):
+            rows.append(dict(task=task, operator="softmax", init="teacher", seed=seed,
+                             **{metric: value + (seed == 1)}))
+        rows.append(dict(task=task, operator="softmax", init="teacher", seed=0, **{metric: 0.0},
+                         dataset="other"))
         for seed, (rand, cmd) in enumerate([(10.0, 13.0), (12.0, 13.0), (11.0, 99.0)]):
             for init, value in (("random", rand), ("copy_mlp+distill", cmd)):
                 rows.append(dict(task=task, operator="linear", init=init, seed=seed,
                                  **{metric: value}))
-    results = pd.DataFrame(rows).assign(kind="dense", dataset="fashion_mnist", teacher="pretrain",
-                                        size="cpu96", status="ok", mask_AP=None, aAcc=None)
+    results = pd.DataFrame(rows).assign(kind="dense", teacher="pretrain", size="cpu96",
+                                        status="ok", mask_AP=None, aAcc=None)
+    results["dataset"] = results["dataset"].fillna("fashion_mnist")
     results.loc[(results["seed"] == 2) & (results["init"] == "random"), "status"] = "failed"
     orders = {"init": ["random", "copy_mlp+distill"], "operator": ["linear"]}
     gaps = dense_gaps(results, orders)
-    assert list(gaps.index) == [("fashion_mnist", "pretrain", "cpu96", "linear",
-                                 "copy_mlp+distill - random")]
+    assert list(gaps.index) == [("fashion_mnist", "pretrain", "cpu96", "linear", gain)
+                                for gain in ("copy_mlp+distill - random",
+                                             "softmax teacher - random")]
     # gains +3 and +1: mean +2, 95% CI 12.706 * sd(1.414) / sqrt(2) = 12.71
     assert gaps.iloc[0]["mIoU"] == "+2.00 ± 12.71 (seed 0: +3.00, seed 1: +1.00)"
     assert gaps.iloc[0]["box AP"] == gaps.iloc[0]["mIoU"]
     assert gaps.iloc[0]["mask AP"] == "missing"
+    # the teacher (40, 41) against random (10, 12): +30, +29; not the other dataset's teacher
+    assert gaps.iloc[1]["mIoU"] == "+29.50 ± 6.35 (seed 0: +30.00, seed 1: +29.00)"
     write_dense(results, orders, tmp_path / "tables", tmp_path / "figures", tmp_path / "dense.md")
     assert "seed 1: +1.00" in (tmp_path / "dense.md").read_text()
     assert (tmp_path / "tables" / "dense_gaps.csv").is_file()
@@ -455,5 +464,5 @@ def test_dense_gaps_pair_each_strategy_with_the_random_student_seed_by_seed(tmp_
     alone = results[results["init"] != "random"]
     assert dense_gaps(alone, orders).empty
     write_dense(alone, orders, tmp_path / "t2", tmp_path / "f2", tmp_path / "d2.md")
-    assert "gain over" not in (tmp_path / "d2.md").read_text()
+    assert GAP_CAPTION not in (tmp_path / "d2.md").read_text()
     assert (tmp_path / "t2" / "dense_gaps.md").is_file()

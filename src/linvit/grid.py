@@ -497,16 +497,17 @@ TEACHER_BACKBONE = "teacher"
 
 @dataclass(frozen=True)
 class DenseJob:
-    """One dense fine-tuning: a task on the backbone of a teacher or of a fine-tuned cell."""
+    """One dense fine-tuning: a task on the backbone of a teacher or of a fine-tuned cell, with
+    heads initialised and data shuffled by the job's seed (a cell's seed; a teacher's own)."""
     task: str
     dataset: str
     teacher: str
     size: str
-    backbone: str            # "teacher" or "<operator>.<init>.<loss>.seed<seed>"
+    backbone: str            # "teacher.seed<seed>" or "<operator>.<init>.<loss>.seed<seed>"
 
     @property
     def cell(self) -> Cell | None:
-        if self.backbone == TEACHER_BACKBONE:
+        if self.backbone.split(".")[0] == TEACHER_BACKBONE:
             return None
         # operators and strategies are registry names without dots; loss design names may have
         op, init, rest = self.backbone.split(".", 2)
@@ -514,13 +515,17 @@ class DenseJob:
         return Cell(self.dataset, self.teacher, self.size, op, init, loss,
                     int(seed.removeprefix("seed")))
 
+    @property
+    def seed(self) -> int:
+        return int(self.backbone.rsplit(".", 1)[1].removeprefix("seed"))
+
     def key(self) -> dict:
         c = self.cell
         return {"task": self.task, "dataset": self.dataset, "teacher": self.teacher,
                 "size": self.size,
                 "operator": c.operator if c else "softmax",
                 "init": c.init if c else TEACHER_BACKBONE, "loss": c.loss if c else NO_LOSS,
-                "seed": c.seed if c else 0}
+                "seed": self.seed}
 
 
 def backbone_label(cell: Cell) -> str:
@@ -530,14 +535,17 @@ def backbone_label(cell: Cell) -> str:
 def dense_jobs(config: dict, cells: list[Cell]) -> list[DenseJob]:
     """The dense sub-grid: each task on each teacher model the cells use and on the backbones of
     dense.operators x dense.strategies x dense.seeds (cells of the grid, or cells made for the
-    dense sub-grid alone: dense_cells)."""
+    dense sub-grid alone: dense_cells). The teacher's backbone is one model, trained once; it
+    gets a job per seed all the same, so that its row, like the students', spreads over the
+    heads' seeds, and each student's gap to it is paired by seed."""
     dense = config.get("dense") or {}
+    seeds = dense.get("seeds", config["seeds"][:1])
     jobs = []
     for task, (dataset, teacher, size) in itertools.product(dense.get("tasks", []),
                                                             models_taught(cells)):
-        jobs.append(DenseJob(task, dataset, teacher, size, TEACHER_BACKBONE))
-        for op, init, seed in itertools.product(dense["operators"], dense["strategies"],
-                                                dense.get("seeds", config["seeds"][:1])):
+        jobs += [DenseJob(task, dataset, teacher, size, f"{TEACHER_BACKBONE}.seed{seed}")
+                 for seed in seeds]
+        for op, init, seed in itertools.product(dense["operators"], dense["strategies"], seeds):
             loss = config["main_loss"] if get_strategy(init).needs_distilled else NO_LOSS
             cell = Cell(dataset, teacher, size, op, init, loss, seed)
             jobs.append(DenseJob(task, dataset, teacher, size, backbone_label(cell)))
@@ -587,7 +595,7 @@ def dense_args(config: dict, job: DenseJob, checkpoint: str, scenes: str, out_di
     dense = config["dense"]
     neck = {k: dense[k] for k in ("neck", "adapter") if k in dense}
     tree = deep_merge({"data": {"root": scenes}, "model": neck}, dense_stage(config, job.task),
-                      {"checkpoint": checkpoint,
+                      {"checkpoint": checkpoint, "run": {"seed": job.seed},     # the seed axis
                        "pretrain_dataset": config["datasets"][job.dataset]["dataset"]})
     return _command(job.task, out_dir, tree)
 

@@ -218,7 +218,26 @@ def test_a_configfile_must_define_the_whole_grid():
 def test_dense_backbones_of_dotted_loss_names_round_trip():
     cell = grid.Cell("fashion_mnist", "t", "cpu96", "linear", "copy_mlp+distill", "map.v2", 1)
     job = grid.DenseJob("segment", "fashion_mnist", "t", "cpu96", grid.backbone_label(cell))
-    assert job.cell == cell
+    assert job.cell == cell and job.seed == 1 and job.key()["seed"] == 1
+    teacher = grid.DenseJob("segment", "fashion_mnist", "t", "cpu96", "teacher.seed3")
+    assert teacher.cell is None and teacher.seed == 3
+    assert teacher.key() == {"task": "segment", "dataset": "fashion_mnist", "teacher": "t",
+                             "size": "cpu96", "operator": "softmax", "init": "teacher",
+                             "loss": "none", "seed": 3}
+
+
+def test_every_dense_job_trains_its_heads_with_its_own_seed():
+    """The seed axis seeds the heads of every dense job, the teacher's included (one backbone,
+    a job per seed), over a seed the user's stage may set."""
+    config = default_config()
+    config["dense"] = {**config["dense"], "seeds": [0, 2]}
+    config["dense"]["stages"] = {**config["dense"]["stages"], "detect": {
+        **config["dense"]["stages"]["detect"], "run": {"seed": 7}}}
+    jobs = grid.dense_jobs(config, grid.expand_grid(config))
+    assert {j.backbone for j in jobs if j.cell is None} == {"teacher.seed0", "teacher.seed2"}
+    for job in jobs:
+        args = shlex.split(grid.dense_args(config, job, "m.safetensors", "scenes", "out"))
+        assert f"run.seed={job.seed}" in args, (job, args)
 
 
 def rel(paths):
@@ -550,6 +569,7 @@ def test_dense_seeds_beyond_the_grid_s_add_backbone_cells_for_the_dense_sub_grid
                  if field == "stages.finetune"}
     assert {grid.cell_dir("", c).lstrip("/") for c in extra} <= finetunes
     backbones = {j.backbone for j in grid.dense_jobs(config, cells) if j.task == "segment"}
-    assert backbones == {"teacher"} | {grid.backbone_label(c) for c in extra} | {
+    assert backbones == {"teacher.seed0", "teacher.seed1"} | {
+        grid.backbone_label(c) for c in extra} | {
         grid.backbone_label(c) for c in cells if c.operator == "linear" and c.seed == 0
         and c.init in config["dense"]["strategies"] and c.loss in ("none", config["main_loss"])}

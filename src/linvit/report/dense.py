@@ -26,14 +26,16 @@ COLUMNS = [("segment", "mIoU"), ("segment", "aAcc"), ("detect", "box_AP"),
            ("detect", "mask_AP")]
 CAPTION = "Dense tasks: UperNet mIoU / aAcc and Mask R-CNN box / mask AP (%) by backbone"
 REFERENCE = "random"
-GAP_CAPTION = ("Dense tasks: gain over the random-init student of the same operator (points), "
-               "paired by seed: mean ± 95% CI, then each seed's gain")
+TEACHER = "teacher"            # the init of the teacher's own rows (grid.TEACHER_BACKBONE)
+GAP_CAPTION = ("Dense tasks: gain of each student and of the softmax teacher over the random-init "
+               "student of the same operator (points), paired by seed (the heads' seed; a "
+               "student's is also its backbone's): mean ± 95% CI, then each seed's gain")
 
 
 def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
     dense = results[results["kind"] == "dense"]
     rows, index = [], []
-    order = {"init": ["teacher"] + orders.get("init", []), "operator": orders.get("operator", [])}
+    order = {"init": [TEACHER] + orders.get("init", []), "operator": orders.get("operator", [])}
     names = ["dataset", "teacher", "size", "operator", "init"]
     keys = sorted({tuple(k) for k in dense[names].itertuples(index=False)},
                   key=lambda k: (*(rank(orders.get(n), v) for n, v in zip(names[:3], k)),
@@ -42,7 +44,7 @@ def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
         part, (*group, op, init) = rows_where(dense, names, key), key
         rows.append([cell_text(part[part["task"] == task], metric, count_seeds=False)
                      for task, metric in COLUMNS])
-        index.append((*group, "softmax teacher" if init == "teacher" else f"{op} {init}"))
+        index.append((*group, "softmax teacher" if init == TEACHER else f"{op} {init}"))
     return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in COLUMNS],
                         index=pd.MultiIndex.from_tuples(index, names=[*names[:3], "backbone"]))
 
@@ -56,16 +58,19 @@ def gap_text(gains: pd.Series) -> str:
 
 
 def dense_gaps(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
-    """Each strategy minus the random-init student, per operator, task metric and seed (only
-    seeds where both jobs are ok count). Empty when no random-init student ran."""
+    """Each strategy, and the softmax teacher, minus the random-init student, per operator, task
+    metric and seed (only seeds where both jobs are ok count; a teacher's seeds are its heads').
+    Empty when no random-init student ran."""
     ok = results[(results["kind"] == "dense") & (results["status"] == "ok")]
     names = ["dataset", "teacher", "size", "operator"]
+    teachers = ok[ok["init"] == TEACHER]
     rows, index = [], []
-    for key, part in ok[ok["init"] != "teacher"].groupby(names, sort=False):
-        others = [i for i in orders.get("init", []) if i != REFERENCE and i in set(part["init"])]
+    for key, part in ok[ok["init"] != TEACHER].groupby(names, sort=False):
         if REFERENCE not in set(part["init"]):
             continue
-        for init in others:
+        part = pd.concat([part, rows_where(teachers, names[:3], key[:3])])
+        others = [i for i in orders.get("init", []) if i != REFERENCE and i in set(part["init"])]
+        for init in others + ([TEACHER] if TEACHER in set(part["init"]) else []):
             row = []
             for task, metric in COLUMNS:
                 by_seed = {i: part[(part["init"] == i) & (part["task"] == task)]
@@ -73,7 +78,7 @@ def dense_gaps(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
                            for i in (init, REFERENCE)}
                 row.append(gap_text((by_seed[init] - by_seed[REFERENCE]).dropna().sort_index()))
             rows.append(row)
-            index.append((*key, f"{init} - {REFERENCE}"))
+            index.append((*key, f"{'softmax teacher' if init == TEACHER else init} - {REFERENCE}"))
     return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in COLUMNS],
                         index=pd.MultiIndex.from_tuples(index, names=[*names, "gain"])
                         if index else pd.MultiIndex.from_arrays([[]] * 5, names=[*names, "gain"]))
