@@ -433,9 +433,9 @@ def test_dense_gaps_pair_each_strategy_with_the_random_student_seed_by_seed(tmp_
 
     rows = []
     for task, metric in (("segment", "mIoU"), ("detect", "box_AP")):
-        for seed, value in enumerate([40.0, 40.0, 40.0]):
+        for seed, value in enumerate([40.0, 41.0, 40.0]):
             rows.append(dict(task=task, operator="softmax", init="teacher", seed=seed,
-                             **{metric: value + (seed == 1)}))
+                             **{metric: value}))
         rows.append(dict(task=task, operator="softmax", init="teacher", seed=0, **{metric: 0.0},
                          dataset="other"))
         for seed, (rand, cmd) in enumerate([(10.0, 13.0), (12.0, 13.0), (11.0, 99.0)]):

@@ -511,9 +511,8 @@ class DenseJob:
             return None
         # operators and strategies are registry names without dots; loss design names may have
         op, init, rest = self.backbone.split(".", 2)
-        loss, seed = rest.rsplit(".", 1)
-        return Cell(self.dataset, self.teacher, self.size, op, init, loss,
-                    int(seed.removeprefix("seed")))
+        return Cell(self.dataset, self.teacher, self.size, op, init, rest.rsplit(".", 1)[0],
+                    self.seed)
 
     @property
     def seed(self) -> int:
