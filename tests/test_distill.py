@@ -121,3 +121,25 @@ def test_bad_layers_are_refused(tiny_spec):
     teacher, student = distill_pair(tiny_spec)
     with pytest.raises(ValueError, match="outside 0..5"):
         DistillObjective(student, teacher, {"attn_out_mse": 1.0}, layers=[6])
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_each_loss_counts_its_training_flops(tiny_spec, loss):
+    """The teacher's forward, then what the loss trains: per layer the student's attention (its
+    block for a block loss, its maps for a map loss), or its whole forward for a logit loss."""
+    from linvit.models import flops
+
+    teacher, student = distill_pair(tiny_spec)
+    objective = DistillObjective(student, teacher, {loss: 1.0})
+    s, depth = student.spec, len(student.blocks)
+    floor = flops.forward_flops(teacher.spec) + depth * 3 * flops.attention_flops(s)
+    target = LOSSES[loss].target
+    if target == "attn_out":
+        assert objective.flops_per_image() == floor
+    elif target == "logits":
+        assert objective.flops_per_image() == floor + flops.train_flops_per_image(s)
+    elif target == "block_out":
+        assert objective.flops_per_image() == floor + depth * 3 * (
+            flops.attention_flops(s) + flops.mlp_flops(s))
+    else:
+        assert objective.flops_per_image() > floor

@@ -33,7 +33,8 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 FIXTURE = GOLDEN / "fixture"
 EXPECTED = GOLDEN / "expected"
 UPDATE = os.environ.get("LINVIT_UPDATE_GOLDEN") == "1"
-FIGURES = ["fixture/figures/accuracy_by_init.png", "fixture/figures/attention_maps.png"]
+FIGURES = ["fixture/figures/accuracy_by_init.png", "fixture/figures/attention_maps.png",
+           "fixture/figures/claims.png"]
 
 
 def files_under(root: Path) -> dict[str, bytes]:
@@ -100,7 +101,7 @@ def test_collect_tables_report_match_the_expected_files(tmp_path, monkeypatch):
     report_cli(root, "collect", "--grid", "fixture/grid.json", "--out", "fixture",
                *[j["out"] for j in jobs])
     report_cli(root, "tables", "--grid", "fixture/grid.json", "--results", "fixture/results.csv",
-               "--out", "fixture/tables")
+               "--curves", "fixture/curves.csv", "--out", "fixture/tables")
     report_cli(root, "report", "--grid", "fixture/grid.json", "--results", "fixture/results.csv",
                "--tables", "fixture/tables", "--figures", *FIGURES, "--out", "fixture/report.md")
     produced = {k: v for k, v in files_under(root / "fixture").items() if k not in before}
@@ -111,8 +112,17 @@ def test_collect_tables_report_match_the_expected_files(tmp_path, monkeypatch):
         assert text in main_md, text
     assert "| failed |" in produced["tables/loss_design.md"].decode()
     report = produced["report.md"].decode()
-    assert "## Failed or missing jobs" in report and "does not hold" in report
-    assert "](figures/attention_maps.png)" in report
+    assert "## Failed or missing jobs" in report and "| **does not hold** |" in report
+    assert "](figures/attention_maps.png)" in report and "](figures/claims.png)" in report
+    # the claims' verdict table: a paired contrast over 2 seeds, one of 1 seed, a pooled row
+    claims = produced["tables/claims.md"].decode()
+    assert "| 2 | -2.47 ± 1.02 (0: -2.39, 1: -2.55) | **does not hold** |" in claims
+    assert "pooled (1 student)" in claims
+    # time to target: copy_mlp+distill reaches it, random does not within its training
+    cost = produced["tables/time_to_target.md"].decode()
+    assert "not reached within the budget" in cost and "(random: not reached)" in cost
+    # one dataset, teacher and size: no table of those axes
+    assert not any(name.startswith("tables/by_") for name in produced)
 
     if UPDATE:
         shutil.rmtree(EXPECTED, ignore_errors=True)

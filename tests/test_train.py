@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from linvit.config import load_config
 from linvit.errors import RunDirError
 from linvit.io import read_jsonl
+from linvit.models.spec import ModelSpec
 from linvit.train import trainer
 from linvit.train.config import PretrainConfig
 from linvit.train.stages import run_pretrain
@@ -70,6 +71,11 @@ def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_pat
         assert resumed[key] == full[key], key
     if stage == "finetune":                     # accuracy at init survives the interrupt
         assert resumed["init"]["top1"] == full["init"]["top1"]
+    # the portable cost: images seen over both epochs (512 a pass), FLOPs per image of the model
+    from linvit.models.flops import train_flops_per_image
+    assert resumed["train_images"] == full["train_images"] == 2 * 512
+    assert full["train_flops_per_image"] == train_flops_per_image(
+        ModelSpec.from_dict(full["spec"]))
     a = load_file(tmp_path / "full" / "model.safetensors")
     b = load_file(tmp_path / "cut" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)

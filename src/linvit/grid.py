@@ -471,12 +471,27 @@ def _check_dense_necks(config: dict, built: dict) -> None:
                 raise ConfigError(f"dense.adapter (job {where}): {e}") from None
 
 
+AXIS_TABLES = {"by_dataset": "dataset", "by_teacher": "teacher", "by_size": "size"}
+
+
+def report_tables(config: dict, cells: list[Cell]) -> list[str]:
+    """The tables the grid's report has: an axis table only where its axis has 2 or more values
+    among the cells (with one value it repeats the main table), the loss design only with a
+    loss sub-grid."""
+    names = ["main", "claims", "time_to_target"] + (["loss_design"] if config.get("loss_grid")
+                                                    else [])
+    return names + [name for name, axis in AXIS_TABLES.items()
+                    if len({getattr(c, axis) for c in cells}) > 1]
+
+
 def grid_document(config: dict, cells: list[Cell]) -> dict:
-    """What the report steps need to know about the grid: expected cells and axis orders."""
+    """What the report steps need to know about the grid: expected cells, axis orders and the
+    tables its report has."""
     sub = config.get("loss_grid") or {}
     return {
         "cells": [c.as_dict() for c in cells],
         "main_loss": config["main_loss"],
+        "tables": report_tables(config, cells),
         "orders": {
             "init": list(dict.fromkeys(config["strategies"] + config["reference_strategies"]
                                        + sub.get("strategies", []))),

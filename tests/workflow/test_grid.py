@@ -15,7 +15,6 @@ from linvit.attention import OPERATORS
 from linvit.config import ConfigError, load_config
 from linvit.render.tables import summarize, to_latex, to_markdown
 from linvit.report.collect import results_frame
-from linvit.report.document import claims_table
 from linvit.report.tables import format_cell, main_table
 from linvit.robustness.shifts import SHIFTS
 from linvit.transfer.config import FinetuneConfig
@@ -355,22 +354,6 @@ def test_tables_show_missing_and_failed_cells_and_match_known_output():
     assert r"d & t & s & random & 61.50 & failed &  \\" in latex
 
 
-def test_claims_report_verdicts_both_ways():
-    rows = []
-    values = {"random": 50, "copy_embed": 60, "copy_attn": 70, "copy_mlp": 65, "copy_all": 75,
-              "distill": 55, "copy_mlp+distill": 74}
-    for init, top1 in values.items():
-        rows.append(record("cell", {"dataset": "d", "size": "s", "operator": "linear",
-                                    "init": init, "loss": "none", "seed": 0}, top1))
-    rows.append(record("cell", {"dataset": "d", "size": "s", "operator": "softmax",
-                                "init": "copy_all", "loss": "none", "seed": 0}, 80))
-    text = claims_table(results_frame(rows), "out")
-    assert "copy_attn gains less over copy_embed than copy_mlp does | d / s | linear | " \
-           "copy_embed 60.00, copy_attn 70.00, copy_mlp 65.00 | **does not hold**" in text
-    assert "distill > random | d / s | linear | random 50.00, distill 55.00 | holds" in text
-    assert "copy_mlp+distill 74.00, softmax 80.00 | **does not hold**" in text
-
-
 def test_robustness_folders_mirror_the_models_they_score():
     cell = grid.Cell("d", "t", "s", "linear", "copy_mlp", "none", 0)
     folder = "res/robustness/cells/d/t/s/linear/copy_mlp/none/seed0"
@@ -573,3 +556,16 @@ def test_dense_seeds_beyond_the_grid_s_add_backbone_cells_for_the_dense_sub_grid
         grid.backbone_label(c) for c in extra} | {
         grid.backbone_label(c) for c in cells if c.operator == "linear" and c.seed == 0
         and c.init in config["dense"]["strategies"] and c.loss in ("none", config["main_loss"])}
+
+
+def test_an_axis_table_exists_only_where_its_axis_has_two_values(tmp_path):
+    config = default_config()
+    assert grid.report_tables(config, grid.expand_grid(config)) == [
+        "main", "claims", "time_to_target", "loss_design"]
+    wide = {**config, "sizes": ["cpu96", "cpu192"], "loss_grid": None}
+    assert grid.report_tables(wide, grid.expand_grid(wide)) == [
+        "main", "claims", "time_to_target", "by_size"]
+    taught = teacher_axis_config(tmp_path)
+    assert "by_teacher" in grid.report_tables(taught, grid.expand_grid(taught))
+    assert grid.grid_document(taught, grid.expand_grid(taught))["tables"] == \
+        grid.report_tables(taught, grid.expand_grid(taught))

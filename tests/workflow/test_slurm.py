@@ -275,7 +275,7 @@ def test_the_grid_on_slurm_computes_what_the_local_run_computes(grids):
     local, cluster = grids["local"], grids["cluster"]
     tables = sorted(p.name for p in (local / "tables").iterdir())
     assert tables == sorted(p.name for p in (cluster / "tables").iterdir())
-    assert "main.csv" in tables and "by_size.csv" in tables
+    assert "main.csv" in tables and "claims.csv" in tables
     for name in tables:
         assert (cluster / "tables" / name).read_text() == (local / "tables" / name).read_text(), \
             name

@@ -126,11 +126,13 @@ def test_tiny_grid_runs_end_to_end_and_then_has_nothing_to_do(project):
     robust = pd.read_csv(results / "tables" / "robustness.csv")
     assert len(robust) == 1 + 2 * 2 + 1 + 1            # teacher, main cells, reference, loss grid
     assert not robust.isin(["failed", "missing"]).any().any()
-    for name in ("main", "loss_design", "by_dataset", "by_teacher", "by_size", "robustness"):
+    for name in ("main", "loss_design", "claims", "time_to_target", "robustness"):
         for ext in ("csv", "md", "tex"):
             assert (results / "tables" / f"{name}.{ext}").stat().st_size > 0
+    # one dataset, teacher and size: no table of those axes, in the folder or the report
+    assert not list((results / "tables").glob("by_*")) and "## By " not in report
     for name in ("accuracy_by_init", "time_to_accuracy", "distill_layers", "attention_maps",
-                 "robustness"):
+                 "robustness", "claims"):
         assert (results / "figures" / f"{name}.png").stat().st_size > 0
     maps = {p.parent.name: json.loads(p.read_text())
             for p in (results / "maps/synthetic/pretrain/cpu96").glob("*/record.json")}
@@ -151,8 +153,9 @@ def test_snakemakes_html_report_shows_tables_and_figures_with_captions(project):
     run = tiny(project, "--report", str(out))
     assert run.returncode == 0, run.stderr[-3000:]
     html = out.read_text()
-    for name in ("main.md", "loss_design.md", "by_dataset.md", "by_size.md", "report.md",
+    for name in ("main.md", "loss_design.md", "claims.md", "time_to_target.md", "report.md",
                  "accuracy_by_init.png", "time_to_accuracy.png", "distill_layers.png",
+                 "claims.png",
                  "attention_maps.png", "robustness.md", "robustness.png"):
         assert name in html, name
     captions = [(project / "workflow" / "report" / f"{c}.rst").read_text().split()[:6]

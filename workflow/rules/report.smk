@@ -1,6 +1,6 @@
 # Collection and reporting: records -> results.csv -> tables, figures -> report.md.
-TABLES = ["main", "loss_design", "by_dataset", "by_teacher", "by_size"]
-FIGURES = ["accuracy_by_init", "time_to_accuracy", "distill_layers"]
+TABLES = grid.report_tables(config, CELLS)      # an axis of one value has no table
+FIGURES = ["accuracy_by_init", "time_to_accuracy", "distill_layers", "claims"]
 FIRST = grid.attention_panel(config)   # (dataset, teacher, size) of the attention-map figure
 
 
@@ -49,6 +49,7 @@ rule tables:
     input:
         grid=f"{RESULTS}/grid.json",
         results=f"{RESULTS}/results.csv",
+        curves=f"{RESULTS}/curves.csv",
         code=code("tables"),
     output:
         expand(f"{RESULTS}/tables/{{name}}.csv", name=TABLES),
@@ -60,8 +61,8 @@ rule tables:
     params:
         out=f"{RESULTS}/tables",
     shell:
-        "{REPORT} tables --grid {input.grid:q} --results {input.results:q} --out {params.out:q}"
-        " > {log:q} 2>&1"
+        "{REPORT} tables --grid {input.grid:q} --results {input.results:q}"
+        " --curves {input.curves:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule figures:

@@ -2,7 +2,7 @@
 
     record     write a job's record.json (status ok/failed) after its linvit run
     collect    records + grid.json -> results.csv, curves.csv, distill_layers.csv
-    tables     results.csv -> tables/*.{csv,md,tex}
+    tables     results.csv, curves.csv -> tables/*.{csv,md,tex}
     figures    results/curves/distill_layers -> figures/*.{png,pdf}
     attention  attention-map records (linvit attention-maps) -> figures/attention_maps.{png,pdf}
     report     tables + figures -> report.md
@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--grid", required=True)
         q.add_argument("--results", required=True)
         q.add_argument("--out", required=True)
-    f.add_argument("--curves", required=True)
+    for q in (t, f):
+        q.add_argument("--curves", required=True)
     f.add_argument("--layers", required=True)
     d.add_argument("--tables", required=True)
     d.add_argument("--figures", nargs="*", default=[])

@@ -61,30 +61,45 @@ def _integers_stay_integers(frame: pd.DataFrame, rows: list[dict]) -> pd.DataFra
     return frame
 
 
+CURVE = ["epoch", "images", "flops", "compute_s", "test_top1"]
+
+
+def _cost(record: dict) -> tuple[float, float, float]:
+    """A finished job's whole training cost: images seen, FLOPs and seconds (0 where a record
+    made before linvit counted images has none)."""
+    m = record["metrics"]
+    images = m.get("train_images") or 0
+    return images, images * (m.get("train_flops_per_image") or 0.0), m["train_time_s"]
+
+
 def curves_frame(records: list[dict]) -> pd.DataFrame:
-    """Test accuracy against training compute, per job: the init point, then each evaluated
-    epoch. `compute_s` adds the distillation time to students built from a distilled model."""
+    """Test accuracy against the student's training cost, per job: the init point, then each
+    evaluated epoch, in images seen, FLOPs (linvit.models.flops) and seconds. A student built
+    from a distilled model starts at its distillation's whole cost."""
     job = ("dataset", "teacher", "size", "operator", "loss")          # a distillation's key
-    distill_time = {tuple(r["key"].get(k) for k in job): r["metrics"]["train_time_s"]
+    distill_cost = {tuple(r["key"].get(k) for k in job): _cost(r)
                     for r in records if r["kind"] == "distill" and r["status"] == "ok"}
     rows = []
     for r in records:
         if r["status"] != "ok" or r["kind"] in ("distill", "dense"):
             continue
         k = r["key"]
-        offset = distill_time.get(tuple(k.get(name) for name in job), 0.0)
+        images, flops, seconds = distill_cost.get(tuple(k.get(name) for name in job), (0, 0, 0))
+        per_image = r["metrics"].get("train_flops_per_image") or float("nan")
         base = {**_key(r)}
         init = r["metrics"].get("init")
         if init:
-            rows.append({**base, "epoch": 0, "compute_s": offset, "test_top1": init["top1"]})
-        elapsed = offset
+            rows.append({**base, "epoch": 0, "images": images, "flops": flops,
+                         "compute_s": seconds, "test_top1": init["top1"]})
         log = Path(r["run_dir"]) / "train.jsonl"
         for epoch in read_jsonl(log) if log.is_file() else []:
-            elapsed += epoch["train_time_s"]
+            seen = epoch.get("train_images", float("nan"))
+            images, flops = images + seen, flops + seen * per_image
+            seconds += epoch["train_time_s"]
             if "test_top1" in epoch:
-                rows.append({**base, "epoch": epoch["epoch"], "compute_s": elapsed,
-                             "test_top1": epoch["test_top1"]})
-    return pd.DataFrame(rows, columns=KEY + ["epoch", "compute_s", "test_top1"])
+                rows.append({**base, "epoch": epoch["epoch"], "images": images, "flops": flops,
+                             "compute_s": seconds, "test_top1": epoch["test_top1"]})
+    return pd.DataFrame(rows, columns=KEY + CURVE)
 
 
 def distill_frame(records: list[dict]) -> pd.DataFrame:

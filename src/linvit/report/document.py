@@ -1,7 +1,8 @@
-"""results/report.md: the tables, the figures, the paper's claims checked on this grid, failures.
+"""results/report.md: the tables, the figures, the paper's claims decided on this grid, failures.
 
-The claims section states each claim of arXiv 2609.35745 with the test applied to this grid's
-means and the verdict, so a claim that does not reproduce here says so.
+The claims section gives each claim of arXiv 2609.35745 its paired contrast over seeds, its 95%
+CI and a verdict (linvit.report.claims), so a claim that does not reproduce here says so, and
+one that the seeds cannot decide says that.
 """
 from __future__ import annotations
 
@@ -12,55 +13,10 @@ from pathlib import Path
 import pandas as pd
 
 from linvit.io import write_text
+from linvit.report.claims import METHOD
 
-CLAIMS = [
-    ("Copying attention weights barely helps: copy_attn gains less over copy_embed than "
-     "copy_mlp does", lambda m: m["copy_attn"] - m["copy_embed"] < m["copy_mlp"] - m["copy_embed"],
-     ("copy_embed", "copy_attn", "copy_mlp")),
-    ("MLPs carry most of the benefit of pretraining: "
-     "(copy_mlp - random) >= 0.5 (copy_all - random)",
-     lambda m: m["copy_mlp"] - m["random"] >= 0.5 * (m["copy_all"] - m["random"]),
-     ("random", "copy_mlp", "copy_all")),
-    ("Distilled attention beats random attention: distill > random",
-     lambda m: m["distill"] > m["random"], ("random", "distill")),
-    ("Copy MLP + distill attention closes the rest of the gap: copy_mlp+distill >= copy_all",
-     lambda m: m["copy_mlp+distill"] >= m["copy_all"], ("copy_all", "copy_mlp+distill")),
-    ("Copy MLP + distill attention can match the softmax ViT: copy_mlp+distill >= softmax "
-     "given the same fine-tuning (copy_all)",
-     lambda m: m["copy_mlp+distill"] >= m["softmax"], ("copy_mlp+distill", "softmax")),
-]
-
-
-def strategy_means(results: pd.DataFrame, main_loss: str) -> dict[tuple, dict[str, float]]:
-    """(dataset / teacher / size, operator) -> init strategy -> mean top-1; 'softmax' holds the
-    softmax reference fine-tuned with copy_all."""
-    ok = results[(results["kind"] == "cell") & (results["status"] == "ok")
-                 & results["loss"].isin([main_loss, "none"])]
-    means = ok.groupby(["dataset", "teacher", "size", "operator", "init"], dropna=False)["top1"]
-    out: dict[tuple, dict[str, float]] = {}
-    for (*group, op, init), value in means.mean().items():
-        where = " / ".join(str(v) for v in group if not pd.isna(v))
-        out.setdefault((where, op), {})[init] = float(value)
-    for (where, _op), row in out.items():
-        ref = out.get((where, "softmax"), {}).get("copy_all")
-        if ref is not None:
-            row["softmax"] = ref
-    return {k: v for k, v in out.items() if k[1] != "softmax"}
-
-
-def claims_table(results: pd.DataFrame, main_loss: str) -> str:
-    lines = ["| claim | dataset / teacher / size | operator | numbers | verdict |",
-             "|---|---|---|---|---|"]
-    for (where, op), m in strategy_means(results, main_loss).items():
-        for text, test, needed in CLAIMS:
-            if all(k in m for k in needed):
-                numbers = ", ".join(f"{k} {m[k]:.2f}" for k in needed)
-                verdict = "holds" if test(m) else "**does not hold**"
-            else:
-                numbers, verdict = "cells not in this grid or failed", "not tested"
-            lines.append(f"| {text} | {where} | {op} | {numbers} | {verdict} |")
-    return "\n".join(lines) + "\n"
-
+SECTIONS = {"main": "Main table", "loss_design": "Loss design", "by_dataset": "By dataset",
+            "by_teacher": "By teacher", "by_size": "By model size"}
 
 def bench_section(record: dict, rel) -> list[str]:
     """The operator benchmark's ratio table and figures, or why there are none."""
@@ -79,8 +35,23 @@ def bench_section(record: dict, rel) -> list[str]:
     return parts
 
 
+def claims_section(tables_dir: Path, figures: list[Path], rel) -> list[str]:
+    parts = ["## The paper's claims on this grid\n", METHOD,
+             (tables_dir / "claims.md").read_text(),
+             f"CSV and LaTeX: `{rel(tables_dir / 'claims')}.csv`, `.tex`\n"]
+    return parts + [f"![claims]({rel(p)})\n" for p in figures if p.name == "claims.png"]
+
+
+def cost_section(tables_dir: Path, rel) -> list[str]:
+    from linvit.report.cost import METHOD as method
+
+    return ["## Time to accuracy\n", method,
+            (tables_dir / "time_to_target.md").read_text(),
+            f"CSV and LaTeX: `{rel(tables_dir / 'time_to_target')}.csv`, `.tex`\n"]
+
+
 def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], out: Path,
-                 main_loss: str, title: str = "linvit ablation report",
+                 tables: list[str], title: str = "linvit ablation report",
                  bench: dict | None = None, robustness: Path | None = None,
                  dense: Path | None = None) -> None:
     out = Path(out)
@@ -91,15 +62,17 @@ def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], o
              ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ". Values: test top-1 (%) "
              "on each dataset's test split, mean ± 95% CI over seeds (a single seed shows the "
              "value alone).\n"]
-    sections = [("Main table", "main"), ("Loss design", "loss_design"),
-                ("By dataset", "by_dataset"), ("By teacher", "by_teacher"),
-                ("By model size", "by_size")]
-    for heading, name in sections:
-        parts += [f"## {heading}\n", (Path(tables_dir) / f"{name}.md").read_text(),
-                  f"CSV and LaTeX: `{rel(Path(tables_dir) / name)}.csv`, `.tex`\n"]
-    parts += ["## The paper's claims on this grid\n", claims_table(results, main_loss)]
+    tables_dir = Path(tables_dir)
+    for name in [n for n in SECTIONS if n in tables]:       # the grid's tables, in this order
+        parts += [f"## {SECTIONS[name]}\n", (tables_dir / f"{name}.md").read_text(),
+                  f"CSV and LaTeX: `{rel(tables_dir / name)}.csv`, `.tex`\n"]
+    if "claims" in tables:
+        parts += claims_section(tables_dir, figures, rel)
+    if "time_to_target" in tables:
+        parts += cost_section(tables_dir, rel)
     parts.append("## Figures\n")
-    parts += [f"![{p.stem}]({rel(p)})\n" for p in figures if p.suffix == ".png"]
+    parts += [f"![{p.stem}]({rel(p)})\n" for p in figures
+              if p.suffix == ".png" and p.stem != "claims"]
     # sections written beside report.md: their links hold here too
     parts += [Path(p).read_text() for p in (robustness, dense) if p is not None]
     if bench is not None:
@@ -125,6 +98,6 @@ def run_step(a) -> None:
 
     bench = json.loads(Path(a.bench_record).read_text()) if a.bench_record else None
     write_report(read_csv(a.results), Path(a.tables), [Path(f) for f in a.figures], Path(a.out),
-                 read_grid(a.grid)["main_loss"], bench=bench,
+                 read_grid(a.grid)["tables"], bench=bench,
                  robustness=Path(a.robustness_section) if a.robustness_section else None,
                  dense=Path(a.dense_section) if a.dense_section else None)

@@ -4,6 +4,8 @@
     time_to_accuracy     test top-1 against training compute of the student (distillation included)
     distill_layers       per-layer distillation losses and relative attention error, after
                          distillation, teacher-forced on held-out images
+    claims               each claim's paired contrast per student with its 95% CI, the pooled
+                         estimate and the threshold (linvit.report.claims)
 """
 from __future__ import annotations
 
@@ -51,20 +53,27 @@ def accuracy_by_init(results: pd.DataFrame, orders: dict, main_loss: str, out: P
 
 
 def time_to_accuracy(curves: pd.DataFrame, orders: dict, out: Path) -> None:
+    """Test top-1 against training FLOPs (distillation included), one panel per operator: the
+    mean over seeds at each evaluation, with its 95% CI as a band."""
     cells = curves[curves["kind"] == "cell"]
     ops = [o for o in orders["operator"] if o in set(cells["operator"])]
-    fig, axes = new_figure(len(ops), width=4.0)
+    fig, axes = new_figure(len(ops), width=4.4)
     for ax, op in zip(axes, ops):
         part = cells[cells["operator"] == op]
-        several = part["teacher"].nunique() > 1
-        for (teacher, init, loss), run in part.groupby(["teacher", "init", "loss"], sort=False,
-                                                       dropna=False):
-            mean = run.groupby("epoch").agg(compute_s=("compute_s", "mean"),
-                                            test_top1=("test_top1", "mean"))
+        several = part["teacher"].nunique() > 1 or part["dataset"].nunique() > 1
+        for i, (key, run) in enumerate(part.groupby(["dataset", "teacher", "init", "loss"],
+                                                    sort=False, dropna=False)):
+            dataset, teacher, init, loss = key
+            points = [(g["flops"].mean(), *summarize(g["test_top1"].astype(float).tolist()))
+                      for _, g in run.groupby("epoch")]
+            xs, means, cis = ([p[0] for p in points], [p[1] for p in points],
+                              [p[2] or 0.0 for p in points])
             label = (init if loss == "none" else f"{init} [{loss}]") + (
-                f" ({teacher})" if several else "")
-            ax.plot(mean["compute_s"], mean["test_top1"], marker="o", ms=3, label=label)
-        ax.set_xlabel("student training compute (s; distillation included)")
+                f" ({dataset}/{teacher})" if several else "")
+            ax.plot(xs, means, marker="o", ms=3, color=f"C{i % 10}", label=label)
+            ax.fill_between(xs, [m - c for m, c in zip(means, cis)],
+                            [m + c for m, c in zip(means, cis)], color=f"C{i % 10}", alpha=0.15)
+        ax.set_xlabel("student training FLOPs (distillation included)")
         ax.set_ylabel("test top-1 (%)")
         ax.set_title(op)
         ax.legend(fontsize=6)
@@ -91,14 +100,44 @@ def distill_layers(layers: pd.DataFrame, out: Path) -> None:
     save(fig, out)
 
 
+def claims_figure(results: pd.DataFrame, main_loss: str, out: Path) -> None:
+    """One panel per claim: each student's contrast (its seeds as dots, the mean with its 95%
+    CI), the pooled estimate over students (black), and the threshold the claim must clear."""
+    from linvit.report.claims import CLAIMS, verdicts
+
+    found = verdicts(results, main_loss)
+    claims = [c for c in CLAIMS if any(v.claim is c for v in found)] or CLAIMS
+    fig, axes = new_figure(len(claims), width=3.6, height=3.8)
+    for ax, claim in zip(axes, claims):
+        part = [v for v in found if v.claim is claim]
+        several = len({tuple(v.where.get(k) for k in GROUP) for v in part
+                       if not v.is_pooled}) > 1
+        labels = []
+        for x, v in enumerate(part):
+            e, color = v.estimate, "k" if v.is_pooled else f"C{x % 10}"
+            ax.plot([x] * len(e.values), e.values, "o", ms=3, color=color, alpha=0.35)
+            err = None if e.half_width is None else [[e.half_width], [e.half_width]]
+            ax.errorbar([x], [e.mean], yerr=err, fmt="D" if v.is_pooled else "s", ms=6,
+                        color=color, capsize=4)
+            where = "/".join(str(v.where[k]) for k in ("dataset", "size") if k in v.where)
+            labels.append("pooled" if v.is_pooled else
+                          f"{v.where['operator']}\n{where}" if several else v.where["operator"])
+        ax.axhline(claim.threshold, color="grey", ls="--", lw=1)
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel(f"{claim.contrast} (top-1 points)", fontsize=7)
+        ax.set_title(claim.name.replace("_", " "), fontsize=9)
+    save(fig, out)
+
+
 def write_figures(results, curves, layers, orders: dict, main_loss: str,
                   out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     accuracy_by_init(results, orders, main_loss, out_dir / "accuracy_by_init")
     time_to_accuracy(curves, orders, out_dir / "time_to_accuracy")
     distill_layers(layers, out_dir / "distill_layers")
+    claims_figure(results, main_loss, out_dir / "claims")
     return [out_dir / f"{n}.{ext}" for n in ("accuracy_by_init", "time_to_accuracy",
-                                             "distill_layers") for ext in ("png", "pdf")]
+                                             "distill_layers", "claims") for ext in ("png", "pdf")]
 
 
 def run_step(a) -> None:

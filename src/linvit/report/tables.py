@@ -6,7 +6,9 @@
     by_dataset    rows: teacher x size x operator x init strategy, columns: dataset
     by_teacher    rows: dataset x size x operator x init strategy, columns: teacher
     by_size       rows: dataset x teacher x operator x init strategy, columns: size
+    claims        the paper's claims decided from paired contrasts over seeds (report.claims)
 
+Only the tables the grid document names are written: an axis of one value has no table.
 A grid cell that has not run reads "missing", one whose job failed "failed": never dropped.
 """
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from linvit.render.tables import cell_text, rank, write_table
+from linvit.io import write_text
+from linvit.render.tables import cell_text, rank, to_latex, write_table
 from linvit.report.collect import GROUP
 
 
@@ -79,18 +82,49 @@ CAPTIONS = {
     "by_dataset": "Test top-1 (%) by dataset",
     "by_teacher": "Test top-1 (%) by teacher",
     "by_size": "Test top-1 (%) by model size",
+    "time_to_target": "Training each init strategy needs to reach 95% of its teacher's test "
+                      "top-1 (distillation included; mean over seeds)",
+    "claims": "The paper's claims: paired contrasts in test top-1 points, mean ± 95% CI over "
+              "seeds, and their verdicts",
 }
 
 
-def write_tables(results: pd.DataFrame, orders: dict, main_loss: str,
-                 out_dir: str | Path) -> dict[str, pd.DataFrame]:
-    tables = {"main": main_table(results, orders, main_loss),
-              "loss_design": loss_table(results, orders),
-              "by_dataset": axis_table(results, orders, "dataset", main_loss),
-              "by_teacher": axis_table(results, orders, "teacher", main_loss),
-              "by_size": axis_table(results, orders, "size", main_loss)}
-    for name, table in tables.items():
-        write_table(table, Path(out_dir) / name, CAPTIONS[name])
+BUILDERS = {
+    "main": lambda r, o, loss: main_table(r, o, loss),
+    "loss_design": lambda r, o, loss: loss_table(r, o),
+    "by_dataset": lambda r, o, loss: axis_table(r, o, "dataset", loss),
+    "by_teacher": lambda r, o, loss: axis_table(r, o, "teacher", loss),
+    "by_size": lambda r, o, loss: axis_table(r, o, "size", loss),
+}
+
+
+def write_claims(results: pd.DataFrame, main_loss: str, stem: Path) -> pd.DataFrame:
+    from linvit.report.claims import claims_frame, claims_markdown
+
+    frame = claims_frame(results, main_loss)
+    write_text(stem.with_suffix(".csv"), frame.to_csv(index=False))
+    write_text(stem.with_suffix(".md"), claims_markdown(frame))
+    columns = ["operator", "n", "mean", "ci_low", "ci_high", "verdict"]
+    indexed = frame.set_index(["claim", "dataset", "teacher", "size"])[columns]
+    write_text(stem.with_suffix(".tex"), to_latex(indexed.round(2), CAPTIONS["claims"]))
+    return frame
+
+
+def write_tables(results: pd.DataFrame, curves: pd.DataFrame, orders: dict, main_loss: str,
+                 out_dir: str | Path, names: list[str]) -> dict[str, pd.DataFrame]:
+    """The tables `names` (the grid document's list) as CSV, Markdown and LaTeX."""
+    from linvit.report.cost import time_to_target
+
+    tables = {}
+    for name in names:
+        if name == "claims":
+            tables[name] = write_claims(results, main_loss, Path(out_dir) / name)
+            continue
+        if name == "time_to_target":
+            tables[name] = time_to_target(results, curves, orders, main_loss)
+        else:
+            tables[name] = BUILDERS[name](results, orders, main_loss)
+        write_table(tables[name], Path(out_dir) / name, CAPTIONS[name])
     return tables
 
 
@@ -98,4 +132,5 @@ def run_step(a) -> None:
     from linvit.report.files import read_csv, read_grid
 
     grid = read_grid(a.grid)
-    write_tables(read_csv(a.results), grid["orders"], grid["main_loss"], a.out)
+    write_tables(read_csv(a.results), read_csv(a.curves), grid["orders"], grid["main_loss"],
+                 a.out, grid["tables"])

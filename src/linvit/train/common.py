@@ -76,11 +76,17 @@ def evaluate_init(model: nn.Module, loader, rt: Runtime, run: RunDir, num_classe
 
 def finish_training(run: RunDir, rt: Runtime, model: nn.Module, history: list[dict],
                     extra: dict, model_metadata: dict | None = None) -> dict:
+    from linvit.models.flops import train_flops_per_image
+
     final = {k.removeprefix("test_"): v for k, v in history[-1].items() if k.startswith("test_")}
     metrics = {
         **final,
         "epochs": history[-1]["epoch"],
         "train_time_s": sum(r["train_time_s"] for r in history),
+        # images seen by every process together; FLOPs per image (linvit.models.flops): the
+        # portable cost units of time-to-accuracy (a stage with its own count passes it in extra)
+        "train_images": sum(r.get("train_images", 0) for r in history),
+        "train_flops_per_image": train_flops_per_image(model.spec),
         "train_img_per_s": sum(r["train_img_per_s"] for r in history) / len(history),
         "params": sum(p.numel() for p in model.parameters()),
         "spec": model.spec.as_dict(),

@@ -57,7 +57,7 @@ def train_one_epoch(module: nn.Module, loader, optimizer, scheduler, epoch: int,
     if not all(map(_finite, stats.values())):
         raise RunFailed(f"non-finite training loss in epoch {epoch + 1}: {stats}")
     stats.update(lr=optimizer.param_groups[0]["lr"], train_img_per_s=totals[-1].item() / elapsed,
-                 train_time_s=elapsed)
+                 train_time_s=elapsed, train_images=int(totals[-1].item()))
     return stats
 
 

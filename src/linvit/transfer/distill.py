@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from linvit.errors import ConfigError
+from linvit.models.sizes import get_size
 from linvit.transfer.groups import group_of
 from linvit.transfer.losses import get_loss
 
@@ -56,6 +57,28 @@ class DistillObjective(nn.Module):
         super().train(mode)
         self.teacher.eval()
         return self
+
+    def flops_per_image(self) -> float:
+        """Training FLOPs per image (linvit.models.flops' count): the teacher's forward, its maps
+        again for a map loss, and per distilled layer the student's attention (its whole block
+        for a block loss) trained, 3 forwards; a logit loss trains through the student's whole
+        forward. Explicit maps cost one N x N product per head, the student's trained."""
+        from linvit.models import flops
+
+        t, s = self.teacher.spec, self.student.spec
+        layer = flops.attention_flops(s)
+        if "block_out" in self.targets:
+            layer += flops.attention_flops(s) + flops.mlp_flops(s)
+        layer *= flops.TRAIN_FACTOR
+        if "attn_map" in self.targets:
+            size, n = get_size(s.size), flops.tokens(s)
+            product = 2.0 * n * n * size.width           # Q K^T over all heads
+            layer += 2.0 * n * size.width * 3 * size.width + product  # the teacher's again
+            layer += flops.TRAIN_FACTOR * product
+        total = flops.forward_flops(t) + len(self.layers) * layer
+        if "logits" in self.targets:
+            total += flops.train_flops_per_image(s)
+        return total
 
     @torch.no_grad()
     def teacher_trace(self, images: torch.Tensor) -> dict:

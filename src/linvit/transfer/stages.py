@@ -119,7 +119,8 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
         write_json(run.path / "trained.json", census.report())
     return finish_training(run, rt, student, history,
                            {"init": init_eval, "losses": cfg.distill.losses,
-                            "trained_groups": cfg.distill.train})
+                            "trained_groups": cfg.distill.train,
+                            "train_flops_per_image": objective.flops_per_image()})
 
 
 def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:

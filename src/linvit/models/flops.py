@@ -1,0 +1,50 @@
+"""Training cost in FLOPs, from a model's spec: the portable unit of time-to-accuracy curves.
+
+Counted like the operators' `core_flops`: matrix products only, a multiply-add is 2 FLOPs, and
+norms, activations, softmax and other elementwise work are left out. Per image, a ViT's forward
+is its patch embedding, per block the qkv projection, each head's operator core
+(`core_flops(tokens, head_dim)`), the output projection and the MLP, and the classifier head. A
+training step costs 3 forwards (the forward, and the backward's gradients for activations and for
+weights; Kaplan et al. 2020 use the same factor), also where some weights are frozen: an upper
+bound there, stated rather than guessed at.
+"""
+from __future__ import annotations
+
+from linvit.attention import OPERATORS
+from linvit.models.sizes import get_size
+
+TRAIN_FACTOR = 3.0        # forward + backward, per image, relative to the forward
+
+
+def tokens(spec) -> int:
+    """Patches plus the class token."""
+    size = get_size(spec.size)
+    return (spec.img_size // size.patch_size) ** 2 + 1
+
+
+def attention_flops(spec) -> float:
+    """One block's attention forward per image: qkv, every head's core, the output projection."""
+    size, n = get_size(spec.size), tokens(spec)
+    head_dim = size.width // size.heads
+    core = OPERATORS[spec.operator].core_flops(n, head_dim)
+    if core is None:
+        raise ValueError(f"operator {spec.operator!r} does not count its FLOPs (core_flops)")
+    return 2.0 * n * size.width * 4 * size.width + size.heads * core
+
+
+def mlp_flops(spec) -> float:
+    size, n = get_size(spec.size), tokens(spec)
+    return 2.0 * n * size.width * int(size.width * size.mlp_ratio) * 2
+
+
+def forward_flops(spec) -> float:
+    """One image through the whole model."""
+    size = get_size(spec.size)
+    patches = (spec.img_size // size.patch_size) ** 2
+    embed = 2.0 * patches * spec.in_chans * size.patch_size ** 2 * size.width
+    blocks = size.depth * (attention_flops(spec) + mlp_flops(spec))
+    return embed + blocks + 2.0 * size.width * spec.num_classes
+
+
+def train_flops_per_image(spec) -> float:
+    return TRAIN_FACTOR * forward_flops(spec)

@@ -1,0 +1,93 @@
+"""Time to accuracy in portable units: the training each init strategy needs to reach a target.
+
+The target of a student (dataset, teacher, size, operator) is TARGET of its teacher's test top-1.
+Per seed, a strategy's cost is that of the first evaluation at or above the target on its curve
+(curves.csv: images seen, FLOPs and seconds, distillation included); the table gives the mean over
+seeds where every seed got there, and says "not reached within the budget" otherwise. The last
+column answers the paper's practical question: the strategy's FLOPs as a share of what `random`
+needed, or an upper bound on it where random never got there.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from linvit.report.collect import GROUP
+
+TARGET = 0.95                # of the teacher's test top-1
+BASELINE = "random"
+STUDENT = GROUP + ["operator"]
+METHOD = (
+    "Each student's training cost is counted in images seen and in FLOPs (matrix products of "
+    "the model, each operator's core from its `core_flops`, a training step as 3 forwards; "
+    "distillation included for distilled students), with the local seconds beside them. The "
+    f"target is {TARGET:.0%} of the teacher's test top-1; a strategy's cost is that of its first "
+    "evaluation at or above it, averaged over seeds where every seed reached it. \"FLOPs vs "
+    "random\" is the strategy's cost as a share of what random init needed (an upper bound "
+    "where random did not get there within its training).\n")
+COLUMNS = ["target", "reached", "images", "FLOPs", "seconds", "best top-1", "FLOPs vs random"]
+
+
+def teacher_top1(results: pd.DataFrame) -> dict[tuple, float]:
+    teachers = results[(results["kind"] == "teacher") & (results["status"] == "ok")]
+    return {key: float(group["top1"].mean())
+            for key, group in teachers.groupby(GROUP, dropna=False)}
+
+
+def first_reached(run: pd.DataFrame, target: float) -> pd.Series | None:
+    """The first evaluation of one job's curve at or above the target."""
+    hits = run[run["test_top1"] >= target].sort_values("epoch")
+    return None if hits.empty else hits.iloc[0]
+
+
+def strategy_cost(runs: pd.DataFrame, target: float) -> dict:
+    """Mean cost over seeds to reach the target, or why there is none; `budget` is the mean
+    whole training, for bounds."""
+    seeds = list(runs.groupby("seed"))
+    hits = [first_reached(run, target) for _, run in seeds]
+    last = [run.sort_values("epoch").iloc[-1] for _, run in seeds]
+    out = {"n": len(seeds), "reached": sum(h is not None for h in hits),
+           "best": sum(run["test_top1"].max() for _, run in seeds) / len(seeds),
+           "budget": sum(r["flops"] for r in last) / len(last)}
+    if out["reached"] == out["n"]:
+        for unit in ("images", "flops", "compute_s"):
+            out[unit] = sum(h[unit] for h in hits) / len(hits)
+    return out
+
+
+def time_to_target(results: pd.DataFrame, curves: pd.DataFrame, orders: dict,
+                   main_loss: str) -> pd.DataFrame:
+    """Rows: student x init strategy of the main loss; columns: COLUMNS."""
+    from linvit.render.tables import rank
+
+    targets = teacher_top1(results)
+    cells = curves[(curves["kind"] == "cell") & curves["loss"].isin([main_loss, "none"])
+                   & (curves["operator"] != "softmax")]
+    rows, index = [], []
+    for key, part in cells.groupby(STUDENT, sort=False, dropna=False):
+        teacher = targets.get(tuple(key[:len(GROUP)]))
+        if teacher is None:
+            continue
+        target = TARGET * teacher
+        costs = {init: strategy_cost(runs, target)
+                 for init, runs in part.groupby("init", sort=False)}
+        base = costs.get(BASELINE)
+        for init in sorted(costs, key=lambda i: rank(orders.get("init"), i)):
+            index.append((*key, init))
+            rows.append(_row(costs[init], base, target, init == BASELINE))
+    return pd.DataFrame(rows, columns=COLUMNS, index=pd.MultiIndex.from_tuples(
+        index, names=STUDENT + ["init"]))
+
+
+def _row(cost: dict, base: dict | None, target: float, is_base: bool) -> list:
+    reached = cost["reached"] == cost["n"]
+    head = [f"{target:.2f}", f"{cost['reached']}/{cost['n']} seeds"]
+    if not reached:
+        return head + ["not reached within the budget", "", "", f"{cost['best']:.2f}", ""]
+    share = ""
+    if not is_base and base is not None:
+        if base["reached"] == base["n"]:
+            share = f"{cost['flops'] / base['flops']:.2f}"
+        elif base["budget"]:
+            share = f"< {cost['flops'] / base['budget']:.2f} (random: not reached)"
+    return head + [f"{cost['images']:.0f}", f"{cost['flops']:.3g}", f"{cost['compute_s']:.1f}",
+                   f"{cost['best']:.2f}", share]
