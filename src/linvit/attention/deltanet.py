@@ -15,6 +15,8 @@ Design, and how it differs from fla's DeltaNet on purpose:
   beta in (0, 1), which keeps the recursion stable over any number of tokens.
 - No SiLU before the normalisation (fla's qk_activation): it would rectify the copied teacher's
   q and k; the normalisation alone gives the stability.
+- No SiLU on v either (fla applies SiLU to v before the scan): v stays the copied value
+  projection, and the output stays linear in V, so the map is exact.
 - The teacher's temperature: normalising removes |q| |k| and the map is linear in q, so no scale
   can restore a softmax's sharpness; a scale on q is only an output gain. It is a learnable
   per-head gain g_h (`query_scale`), 1 at init rather than fla's d^-1/2: the state holds a

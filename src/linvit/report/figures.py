@@ -55,16 +55,24 @@ def accuracy_by_init(results: pd.DataFrame, orders: dict, main_loss: str, out: P
 def time_to_accuracy(curves: pd.DataFrame, orders: dict, out: Path) -> None:
     """Test top-1 against training FLOPs (distillation included), one panel per operator: the
     mean over seeds at each evaluation, with its 95% CI as a band."""
+    from linvit.report.cost import TARGET
+
     cells = curves[curves["kind"] == "cell"]
     ops = [o for o in orders["operator"] if o in set(cells["operator"])]
+    teachers = curves[curves["kind"] == "teacher"].sort_values("epoch").groupby(GROUP).last()
     fig, axes = new_figure(len(ops), width=4.4)
     for ax, op in zip(axes, ops):
         part = cells[cells["operator"] == op]
+        groups = list(dict.fromkeys(zip(*(part[k] for k in GROUP))))
+        if len(groups) == 1 and groups[0] in teachers.index:     # one teacher: its target
+            ax.axhline(TARGET * teachers.loc[groups[0], "test_top1"], color="grey", ls=":",
+                       lw=1, label=f"{TARGET:.0%} of the teacher")
         several = part["teacher"].nunique() > 1 or part["dataset"].nunique() > 1
         for i, (key, run) in enumerate(part.groupby(["dataset", "teacher", "init", "loss"],
                                                     sort=False, dropna=False)):
             dataset, teacher, init, loss = key
-            points = [(g["flops"].mean(), *summarize(g["test_top1"].astype(float).tolist()))
+            points = [(g["flops"].mean() / 1e9,
+                       *summarize(g["test_top1"].astype(float).tolist()))
                       for _, g in run.groupby("epoch")]
             xs, means, cis = ([p[0] for p in points], [p[1] for p in points],
                               [p[2] or 0.0 for p in points])
@@ -73,7 +81,7 @@ def time_to_accuracy(curves: pd.DataFrame, orders: dict, out: Path) -> None:
             ax.plot(xs, means, marker="o", ms=3, color=f"C{i % 10}", label=label)
             ax.fill_between(xs, [m - c for m, c in zip(means, cis)],
                             [m + c for m, c in zip(means, cis)], color=f"C{i % 10}", alpha=0.15)
-        ax.set_xlabel("student training FLOPs (distillation included)")
+        ax.set_xlabel("student training GFLOPs (distillation included)")
         ax.set_ylabel("test top-1 (%)")
         ax.set_title(op)
         ax.legend(fontsize=6)
