@@ -62,13 +62,40 @@ def test_three_seeds_well_on_each_side_hold_and_do_not_hold():
 
 
 def test_a_spread_across_the_threshold_is_undecided_with_a_seed_estimate():
-    # copy_mlp+distill - softmax: +1, -0.5, +2 -> mean 0.83, spread 1.26: spans 0
-    offsets = {("linear", "copy_mlp+distill"): {0: 0.0, 1: -1.5, 2: 1.0}}
-    e = verdict_of(grid(offsets, [0, 1, 2]), "recipe_matches_softmax", "linear").estimate
+    # distill - random: +1, -0.5, +2 -> mean 0.83, spread 1.26: spans 0
+    offsets = {("linear", "distill"): {0: -9.0, 1: -10.5, 2: -8.0}}
+    e = verdict_of(grid(offsets, [0, 1, 2]), "distill_beats_random", "linear").estimate
     assert e.verdict == "undecided" and e.mean == pytest.approx(0.8333, abs=1e-4)
     k = int(e.seeds_needed.split()[0])
     sd = pd.Series([1.0, -0.5, 2.0]).std()
     assert t95(k - 1) * sd / math.sqrt(k) < e.mean <= t95(k - 2) * sd / math.sqrt(k - 1)
+
+
+def test_a_match_holds_within_the_margin_and_not_beyond_it():
+    # copy_mlp+distill - softmax: BASE 72 - 71 = +1; -0.5 +- 0.1 holds a match, -2 +- 0.1 not
+    near = {0: -1.5, 1: -1.4, 2: -1.6}
+    far = {s: v - 1.5 for s, v in near.items()}
+    results = grid({("linear", "copy_mlp+distill"): near, ("gla", "copy_mlp+distill"): far},
+                   [0, 1, 2])
+    assert verdict_of(results, "recipe_matches_softmax", "linear").estimate.verdict == "holds"
+    assert verdict_of(results, "recipe_matches_softmax", "gla").estimate.verdict == \
+        "does not hold"
+
+
+def test_a_claim_no_student_can_be_tested_on_says_so():
+    results = grid({}, [0, 1])
+    results = results[results["operator"] != "softmax"]          # no softmax reference
+    frame = claims_frame(results, "out")
+    row = frame[frame["claim"] == "recipe_matches_softmax"].iloc[0]
+    assert row["verdict"] == "not tested" and "softmax" in row["to_decide"]
+    assert "| **not tested** |" in claims_markdown(frame)
+
+
+def test_a_score_that_is_not_a_number_is_left_out_not_paired():
+    results = grid({}, [0, 1, 2])
+    results.loc[(results["operator"] == "linear") & (results["init"] == "distill")
+                & (results["seed"] == 2), "top1"] = float("nan")
+    assert verdict_of(results, "distill_beats_random", "linear").per_seed == {0: 10.0, 1: 10.0}
 
 
 def test_pooled_row_counts_the_students_and_averages_their_means():

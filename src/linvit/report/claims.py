@@ -27,6 +27,10 @@ from linvit.render.tables import t95
 
 SOFTMAX = "softmax"          # the softmax reference fine-tuned like the students (copy_all)
 MAX_SEEDS = 100              # beyond this an estimate says "more than"
+# "Closes the gap" and "matches" are non-inferiority claims: they hold when the recipe is no
+# more than MARGIN top-1 points below the reference (a test of "better than" could never confirm
+# an exact match). Fixed before any study ran; stated in the report.
+MARGIN = 1.0
 
 
 @dataclass(frozen=True)
@@ -52,13 +56,14 @@ CLAIMS = [
     Claim("distill_beats_random", "Distilled attention beats random attention",
           "distill - random", ("random", "distill"), lambda m: m["distill"] - m["random"]),
     Claim("recipe_closes_gap",
-          "Copy MLP + distill attention closes the rest of the gap to copying everything",
-          "copy_mlp+distill - copy_all", ("copy_all", "copy_mlp+distill"),
-          lambda m: m["copy_mlp+distill"] - m["copy_all"]),
+          "Copy MLP + distill attention closes the rest of the gap to copying everything "
+          f"(within {MARGIN:g} point)", "copy_mlp+distill - copy_all",
+          ("copy_all", "copy_mlp+distill"), lambda m: m["copy_mlp+distill"] - m["copy_all"],
+          -MARGIN),
     Claim("recipe_matches_softmax",
-          "Copy MLP + distill attention matches the softmax ViT given the same fine-tuning",
-          "copy_mlp+distill - softmax (copy_all)", ("copy_mlp+distill", SOFTMAX),
-          lambda m: m["copy_mlp+distill"] - m[SOFTMAX]),
+          "Copy MLP + distill attention matches the softmax ViT given the same fine-tuning "
+          f"(within {MARGIN:g} point)", "copy_mlp+distill - softmax (copy_all)",
+          ("copy_mlp+distill", SOFTMAX), lambda m: m["copy_mlp+distill"] - m[SOFTMAX], -MARGIN),
 ]
 
 METHOD = (
@@ -67,8 +72,8 @@ METHOD = (
     "softmax reference fine-tuned like the students from `copy_all`. A seed fixes the data order "
     "and the head's initialisation for every strategy, so the contrast is computed seed by seed "
     "(paired) and summarised by its mean and 95% Student-t confidence interval over seeds. A "
-    "claim *holds* when the interval lies above its threshold (0 for every claim here), *does "
-    "not hold* when it lies below, and is *undecided* when it spans the threshold or rests on "
+    "claim *holds* when the interval lies above its threshold, *does not hold* when it lies "
+    "below, and is *undecided* when it spans the threshold or rests on "
     "one seed; for an undecided claim, \"seeds to decide\" is the smallest number of seeds "
     "whose interval would exclude the threshold if the mean and spread stayed as measured (a "
     "rough guide, not a promise). The pooled row takes the grid's "
@@ -131,6 +136,8 @@ def seed_values(results: pd.DataFrame, main_loss: str) -> dict[tuple, dict[int, 
                  & results["loss"].isin([main_loss, "none"])]
     out: dict[tuple, dict[int, dict]] = {}
     for row in ok.itertuples(index=False):
+        if not math.isfinite(float(row.top1)):         # no score: not a value to pair
+            continue
         key = tuple(getattr(row, k) for k in STUDENT)
         out.setdefault(key, {}).setdefault(int(row.seed), {})[row.init] = float(row.top1)
     for (*group, op), seeds in list(out.items()):
@@ -187,10 +194,16 @@ def verdicts(results: pd.DataFrame, main_loss: str) -> list[Verdict]:
     return out
 
 
+def untested(found: list[Verdict]) -> list[Claim]:
+    """Claims that no student of the grid could be tested on (strategies missing or failed)."""
+    return [c for c in CLAIMS if not any(v.claim is c for v in found)]
+
+
 def claims_frame(results: pd.DataFrame, main_loss: str) -> pd.DataFrame:
-    """The verdicts as a table (tables/claims.*)."""
+    """The verdicts as a table (tables/claims.*), then a row per claim that was not tested."""
     rows = []
-    for v in verdicts(results, main_loss):
+    found = verdicts(results, main_loss)
+    for v in found:
         low, high = v.estimate.interval or (None, None)
         rows.append({"claim": v.claim.name,
                      "contrast": f"{v.claim.contrast} > {v.claim.threshold:g}",
@@ -202,9 +215,18 @@ def claims_frame(results: pd.DataFrame, main_loss: str) -> pd.DataFrame:
                      "verdict": v.estimate.verdict, "to_decide": v.estimate.seeds_needed,
                      **{k.replace(" ", "_"): v.counts.get(k)
                         for k in ("holds", "does not hold", "undecided")}})
-    return pd.DataFrame(rows, columns=["claim", "contrast", *STUDENT, "n", "per_seed", "mean",
-                                       "ci_low", "ci_high", "verdict", "to_decide", "holds",
-                                       "does_not_hold", "undecided"])
+    for claim in untested(found):
+        rows.append({"claim": claim.name, "contrast": f"{claim.contrast} > {claim.threshold:g}",
+                     **{k: "" for k in STUDENT}, "n": 0, "per_seed": "", "mean": None,
+                     "ci_low": None, "ci_high": None, "verdict": "not tested",
+                     "to_decide": "needs " + ", ".join(claim.needs) + " on one student: not "
+                                  "in this grid, or failed"})
+    frame = pd.DataFrame(rows, columns=["claim", "contrast", *STUDENT, "n", "per_seed", "mean",
+                                        "ci_low", "ci_high", "verdict", "to_decide", "holds",
+                                        "does_not_hold", "undecided"])
+    for col in ("holds", "does_not_hold", "undecided"):
+        frame[col] = frame[col].astype("Int64")
+    return frame
 
 
 def _where(row) -> str:
@@ -219,10 +241,11 @@ def claims_markdown(frame: pd.DataFrame) -> str:
              "|---|---|---|---|---:|---|---|---|"]
     for row in frame.to_dict("records"):
         ci = "" if pd.isna(row["ci_low"]) else f" ± {(row['ci_high'] - row['ci_low']) / 2:.2f}"
-        value, verdict = f"{row['mean']:+.2f}{ci}", _bold(row["verdict"])
+        verdict = _bold(row["verdict"])
+        value = "" if pd.isna(row["mean"]) else f"{row['mean']:+.2f}{ci}"
         if row["per_seed"]:
             value += f" ({row['per_seed']})"
-        else:
+        elif row["operator"]:
             verdict += (f"; students: {int(row['holds'])} hold, "
                         f"{int(row['does_not_hold'])} do not, {int(row['undecided'])} undecided")
         lines.append(f"| {texts[row['claim']]} | {row['contrast']} | {_where(row)} | "

@@ -5,7 +5,9 @@ Per seed, a strategy's cost is that of the first evaluation at or above the targ
 (curves.csv: images seen, FLOPs and seconds, distillation included); the table gives the mean over
 seeds where every seed got there, and says "not reached within the budget" otherwise. The last
 column answers the paper's practical question: the strategy's FLOPs as a share of what `random`
-needed, or an upper bound on it where random never got there.
+needed, or an upper bound on it where random did not get there on every seed (a seed that never
+got there counts with its whole training, less than it would need). Failed or missing seeds
+count in "reached" as seeds that did not get there.
 """
 from __future__ import annotations
 
@@ -39,15 +41,18 @@ def first_reached(run: pd.DataFrame, target: float) -> pd.Series | None:
     return None if hits.empty else hits.iloc[0]
 
 
-def strategy_cost(runs: pd.DataFrame, target: float) -> dict:
-    """Mean cost over seeds to reach the target, or why there is none; `budget` is the mean
-    whole training, for bounds."""
+def strategy_cost(runs: pd.DataFrame, target: float, jobs: int) -> dict:
+    """Mean cost over seeds to reach the target, or why there is none. `jobs`: the grid's seeds
+    of this strategy, failed and missing ones included (they have no curve). `floor`: the mean
+    over seeds of the cost to the target or, where a seed never got there, its whole training:
+    what the strategy needs at least."""
     seeds = list(runs.groupby("seed"))
     hits = [first_reached(run, target) for _, run in seeds]
     last = [run.sort_values("epoch").iloc[-1] for _, run in seeds]
-    out = {"n": len(seeds), "reached": sum(h is not None for h in hits),
-           "best": sum(run["test_top1"].max() for _, run in seeds) / len(seeds),
-           "budget": sum(r["flops"] for r in last) / len(last)}
+    out = {"n": max(jobs, len(seeds)), "ran": len(seeds), "reached": sum(h is not None for h in hits),
+           "best": sum(run["test_top1"].max() for _, run in seeds) / max(len(seeds), 1),
+           "floor": sum((h if h is not None else r)["flops"]
+                        for h, r in zip(hits, last)) / max(len(seeds), 1)}
     if out["reached"] == out["n"]:
         for unit in ("images", "flops", "compute_s"):
             out[unit] = sum(h[unit] for h in hits) / len(hits)
@@ -60,6 +65,8 @@ def time_to_target(results: pd.DataFrame, curves: pd.DataFrame, orders: dict,
     from linvit.render.tables import rank
 
     targets = teacher_top1(results)
+    main = results[(results["kind"] == "cell") & results["loss"].isin([main_loss, "none"])]
+    grid = main.groupby(STUDENT + ["init"], dropna=False).size()      # seeds, with failed ones
     cells = curves[(curves["kind"] == "cell") & curves["loss"].isin([main_loss, "none"])
                    & (curves["operator"] != "softmax")]
     rows, index = [], []
@@ -68,7 +75,7 @@ def time_to_target(results: pd.DataFrame, curves: pd.DataFrame, orders: dict,
         if teacher is None:
             continue
         target = TARGET * teacher
-        costs = {init: strategy_cost(runs, target)
+        costs = {init: strategy_cost(runs, target, int(grid.get((*key, init), 0)))
                  for init, runs in part.groupby("init", sort=False)}
         base = costs.get(BASELINE)
         for init in sorted(costs, key=lambda i: rank(orders.get("init"), i)):
@@ -82,12 +89,14 @@ def _row(cost: dict, base: dict | None, target: float, is_base: bool) -> list:
     reached = cost["reached"] == cost["n"]
     head = [f"{target:.2f}", f"{cost['reached']}/{cost['n']} seeds"]
     if not reached:
-        return head + ["not reached within the budget", "", "", f"{cost['best']:.2f}", ""]
+        why = ("not reached within the budget" if cost["ran"] == cost["n"] else
+               f"{cost['n'] - cost['ran']} of {cost['n']} seeds failed or missing")
+        return head + [why, "", "", f"{cost['best']:.2f}", ""]
     share = ""
     if not is_base and base is not None:
         if base["reached"] == base["n"]:
             share = f"{cost['flops'] / base['flops']:.2f}"
-        elif base["budget"]:
-            share = f"< {cost['flops'] / base['budget']:.2f} (random: not reached)"
+        elif base["floor"]:
+            share = f"< {cost['flops'] / base['floor']:.2f} (random: not reached)"
     return head + [f"{cost['images']:.0f}", f"{cost['flops']:.3g}", f"{cost['compute_s']:.1f}",
                    f"{cost['best']:.2f}", share]

@@ -67,17 +67,17 @@ def time_to_accuracy(curves: pd.DataFrame, orders: dict, out: Path) -> None:
         if len(groups) == 1 and groups[0] in teachers.index:     # one teacher: its target
             ax.axhline(TARGET * teachers.loc[groups[0], "test_top1"], color="grey", ls=":",
                        lw=1, label=f"{TARGET:.0%} of the teacher")
-        several = part["teacher"].nunique() > 1 or part["dataset"].nunique() > 1
-        for i, (key, run) in enumerate(part.groupby(["dataset", "teacher", "init", "loss"],
-                                                    sort=False, dropna=False)):
-            dataset, teacher, init, loss = key
+        several = len(groups) > 1
+        for i, (key, run) in enumerate(part.groupby(GROUP + ["init", "loss"], sort=False,
+                                                    dropna=False)):
+            dataset, teacher, size, init, loss = key
             points = [(g["flops"].mean() / 1e9,
                        *summarize(g["test_top1"].astype(float).tolist()))
                       for _, g in run.groupby("epoch")]
             xs, means, cis = ([p[0] for p in points], [p[1] for p in points],
                               [p[2] or 0.0 for p in points])
             label = (init if loss == "none" else f"{init} [{loss}]") + (
-                f" ({dataset}/{teacher})" if several else "")
+                f" ({dataset}/{teacher}/{size})" if several else "")
             ax.plot(xs, means, marker="o", ms=3, color=f"C{i % 10}", label=label)
             ax.fill_between(xs, [m - c for m, c in zip(means, cis)],
                             [m + c for m, c in zip(means, cis)], color=f"C{i % 10}", alpha=0.15)
