@@ -163,3 +163,13 @@ def test_flops_count_the_products_of_the_vit():
     assert flops.train_flops_per_image(spec) == 3 * expected
     linear = spec.with_operator("linear")
     assert flops.forward_flops(linear) < flops.forward_flops(spec)   # its core is O(N)
+
+
+def test_a_random_init_already_at_the_target_is_not_a_ratio_of_zero():
+    results = results_frame([{"kind": "teacher", "key": {"dataset": "d", "teacher": "t",
+                                                         "size": "s"}, "run_dir": "x",
+                              "status": "ok", "metrics": {"top1": 20.0}, "config": {}}])
+    curves = pd.DataFrame(curve_rows("random", 0, [20, 30]) + curve_rows("copy_mlp", 0, [10, 25]))
+    table = time_to_target(results, curves, {"init": ["random", "copy_mlp"]}, "out")
+    assert table.loc[("d", "t", "s", "linear", "copy_mlp"), "FLOPs vs random"] == \
+        "random: at the target untrained"

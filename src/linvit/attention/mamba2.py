@@ -11,8 +11,8 @@ the head's own key:
 i.e. SSD with log-decay dt A and its input weighted by dt, both scans strict (without their
 diagonal: j < i forward, j > i backward), plus a diagonal term. B and C are shared by both
 directions (one q, one k, as Hydra shares its projections) and are per head (each head its own q
-and k), where Mamba-2 shares one B and C across the heads of a group. w_dt^F, w_dt^B, w_D are the three columns of `key_proj` (H, d, 3). The map
-is exact and signed.
+and k), where Mamba-2 shares one B and C across the heads of a group. w_dt^F, w_dt^B, w_D are
+the three columns of `key_proj` (H, d, 3). The map is exact and signed.
 
 Why C = s q: a copied softmax block's q, k were trained for the logits s q.k, and softmax's first
 order exp(x) ~ 1 + x weighs token j by exactly that logit: with s, C.B is the teacher's logit.

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pandas as pd
 
@@ -189,8 +189,8 @@ def verdicts(results: pd.DataFrame, main_loss: str) -> list[Verdict]:
         if found:
             counts = {v: sum(x.verdict == v for x in found)
                       for v in ("holds", "does not hold", "undecided")}
-            out.append(Verdict(claim, {"operator": f"pooled ({len(found)} student{'s' * (len(found) > 1)})"},
-                               pooled(claim, found), {}, counts))
+            label = f"pooled ({len(found)} student{'s' * (len(found) > 1)})"
+            out.append(Verdict(claim, {"operator": label}, pooled(claim, found), {}, counts))
     return out
 
 

@@ -49,7 +49,8 @@ def strategy_cost(runs: pd.DataFrame, target: float, jobs: int) -> dict:
     seeds = list(runs.groupby("seed"))
     hits = [first_reached(run, target) for _, run in seeds]
     last = [run.sort_values("epoch").iloc[-1] for _, run in seeds]
-    out = {"n": max(jobs, len(seeds)), "ran": len(seeds), "reached": sum(h is not None for h in hits),
+    out = {"n": max(jobs, len(seeds)), "ran": len(seeds),
+           "reached": sum(h is not None for h in hits),
            "best": sum(run["test_top1"].max() for _, run in seeds) / max(len(seeds), 1),
            "floor": sum((h if h is not None else r)["flops"]
                         for h, r in zip(hits, last)) / max(len(seeds), 1)}
@@ -94,7 +95,9 @@ def _row(cost: dict, base: dict | None, target: float, is_base: bool) -> list:
         return head + [why, "", "", f"{cost['best']:.2f}", ""]
     share = ""
     if not is_base and base is not None:
-        if base["reached"] == base["n"]:
+        if base["reached"] == base["n"] and base["flops"] == 0:
+            share = "random: at the target untrained"
+        elif base["reached"] == base["n"]:
             share = f"{cost['flops'] / base['flops']:.2f}"
         elif base["floor"]:
             share = f"< {cost['flops'] / base['floor']:.2f} (random: not reached)"

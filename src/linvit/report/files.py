@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pandas as pd
 
-
 GRID_KEYS = ("cells", "main_loss", "orders", "tables")
 
 
