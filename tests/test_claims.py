@@ -163,6 +163,11 @@ def test_flops_count_the_products_of_the_vit():
     assert flops.train_flops_per_image(spec) == 3 * expected
     linear = spec.with_operator("linear")
     assert flops.forward_flops(linear) < flops.forward_flops(spec)   # its core is O(N)
+    # ttt's conv branch adds its own projections: q2, k2, v2 of the 49 patches and P, per block
+    ttt = spec.with_operator("ttt")
+    core = 3 * 12 * n * 32 ** 2
+    assert flops.forward_flops(ttt) - flops.forward_flops(spec) == 6 * (
+        core - 3 * 4 * n * n * 32 + 2 * 49 * c * 32 * 3 + 2 * n * 32 * c)
 
 
 def test_a_random_init_already_at_the_target_is_not_a_ratio_of_zero():

@@ -121,6 +121,12 @@ class AttentionOperator(nn.Module):
         None: not counted."""
         return None
 
+    @classmethod
+    def block_flops(cls, tokens: int, width: int, head_dim: int) -> float:
+        """Forward FLOPs of the operator's own products outside qkv, proj and the heads' cores,
+        for one image in one block (linvit.models.flops adds them to the model's count)."""
+        return 0.0
+
     # --- shared machinery ------------------------------------------------------------------
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, N, C = x.shape

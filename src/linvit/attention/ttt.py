@@ -104,6 +104,11 @@ class TTTAttention(AttentionOperator):
         return self.global_mix(q, k, v) + branch.reshape(B, N, H, d).transpose(1, 2)
 
     @classmethod
+    def block_flops(cls, tokens, width, head_dim):
+        """The conv branch's projections: q2, k2, v2 of the patches (C -> d) and P (d -> C)."""
+        return 2.0 * (tokens - 1) * width * head_dim * 3 + 2.0 * tokens * head_dim * width
+
+    @classmethod
     def core_flops(cls, tokens: int, head_dim: int) -> float:
         """Six (N, d) x (d, d) matmuls: k W1, k W2, the two gradients k^T (.), q W1', q W2'."""
         return 12.0 * tokens * head_dim ** 2

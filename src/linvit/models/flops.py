@@ -3,7 +3,8 @@
 Counted like the operators' `core_flops`: matrix products only, a multiply-add is 2 FLOPs, and
 norms, activations, softmax and other elementwise work are left out. Per image, a ViT's forward
 is its patch embedding, per block the qkv projection, each head's operator core
-(`core_flops(tokens, head_dim)`), the output projection and the MLP, and the classifier head. A
+(`core_flops(tokens, head_dim)`) and its own projections (`block_flops`), the output projection
+and the MLP, and the classifier head. A
 training step costs 3 forwards (the forward, and the backward's gradients for activations and for
 weights; Kaplan et al. 2020 use the same factor), also where some weights are frozen: an upper
 bound there, stated rather than guessed at.
@@ -23,13 +24,15 @@ def tokens(spec) -> int:
 
 
 def attention_flops(spec) -> float:
-    """One block's attention forward per image: qkv, every head's core, the output projection."""
+    """One block's attention forward per image: qkv, every head's core, the operator's own
+    projections, the output projection."""
     size, n = get_size(spec.size), tokens(spec)
-    head_dim = size.width // size.heads
-    core = OPERATORS[spec.operator].core_flops(n, head_dim)
+    head_dim, operator = size.width // size.heads, OPERATORS[spec.operator]
+    core = operator.core_flops(n, head_dim)
     if core is None:
         raise ValueError(f"operator {spec.operator!r} does not count its FLOPs (core_flops)")
-    return 2.0 * n * size.width * 4 * size.width + size.heads * core
+    own = operator.block_flops(n, size.width, head_dim)
+    return 2.0 * n * size.width * 4 * size.width + size.heads * core + own
 
 
 def mlp_flops(spec) -> float:

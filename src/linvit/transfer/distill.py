@@ -60,16 +60,17 @@ class DistillObjective(nn.Module):
 
     def flops_per_image(self) -> float:
         """Training FLOPs per image (linvit.models.flops' count): the teacher's forward, its maps
-        again for a map loss, and per distilled layer the student's attention (its whole block
-        for a block loss) trained, 3 forwards; a logit loss trains through the student's whole
+        again for a map loss, and per distilled layer the student's attention (a forward for
+        the error that is logged; trained, 3 forwards, under an attention loss) and its whole
+        block trained under a block loss; a logit loss trains through the student's whole
         forward. Explicit maps cost one N x N product per head, the student's trained."""
         from linvit.models import flops
 
         t, s = self.teacher.spec, self.student.spec
-        layer = flops.attention_flops(s)
+        trained = self.targets & {"attn_out", "attn_map"}
+        layer = flops.attention_flops(s) * (flops.TRAIN_FACTOR if trained else 1.0)
         if "block_out" in self.targets:
-            layer += flops.attention_flops(s) + flops.mlp_flops(s)
-        layer *= flops.TRAIN_FACTOR
+            layer += flops.TRAIN_FACTOR * (flops.attention_flops(s) + flops.mlp_flops(s))
         if "attn_map" in self.targets:
             size, n = get_size(s.size), flops.tokens(s)
             product = 2.0 * n * n * size.width           # Q K^T over all heads
