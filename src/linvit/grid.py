@@ -146,11 +146,18 @@ def override_words(tree: dict) -> list[str]:
 
 
 def _data(config: dict, dataset: str) -> dict:
-    return {"data": dict(config["datasets"][dataset])}
+    """The dataset entry's data fields (its `stages` are stage overrides, not data)."""
+    return {"data": {k: v for k, v in config["datasets"][dataset].items() if k != "stages"}}
 
 
-def _stage(config: dict, stage: str) -> dict:
-    return config.get("stages", {}).get(stage, {}) or {}
+def _stage(config: dict, stage: str, dataset: str | None = None) -> dict:
+    """The grid's overrides of a stage, then the dataset's own (datasets.<name>.stages): a
+    small set needs more epochs than a large one to train as far."""
+    tree = config.get("stages", {}).get(stage, {}) or {}
+    if dataset is not None:
+        own = (config["datasets"][dataset].get("stages") or {}).get(stage) or {}
+        tree = deep_merge(tree, own)
+    return tree
 
 
 def _command(stage: str, out_dir: str, tree: dict) -> str:
@@ -191,12 +198,12 @@ def teacher_args(config: dict, dataset: str, teacher: str, size: str, source_mod
         tree = deep_merge(_data(config, dataset), spec["probe"] or {}, {"teacher": source_model})
         return _command("probe", out_dir, tree)
     if stage == "select":
-        test = {k: v for k, v in _stage(config, "teacher").get("data", {}).items()
+        test = {k: v for k, v in _stage(config, "teacher", dataset).get("data", {}).items()
                 if k in ("test_subset", "eval_batch_size")}
         tree = deep_merge(_data(config, dataset), {"data": test},
                           {"teacher": source_model, "size": size})
         return _command("select", out_dir, tree)
-    tree = deep_merge(_data(config, dataset), _stage(config, "teacher"),
+    tree = deep_merge(_data(config, dataset), _stage(config, "teacher", dataset),
                       {"model": {"size": size, "operator": "softmax"},
                        "run": {"seed": config.get("teacher_seed", 0)}})
     return _command("pretrain", out_dir, tree)
@@ -216,7 +223,7 @@ def teacher_source(results: str, config: dict, dataset: str, teacher: str,
 
 def distill_args(config: dict, dataset: str, teacher: str, size: str, operator: str, loss: str,
                  teacher_model: str, out_dir: str) -> str:
-    tree = deep_merge(_data(config, dataset), _stage(config, "distill"),
+    tree = deep_merge(_data(config, dataset), _stage(config, "distill", dataset),
                   {"teacher": teacher_model, "model": {"operator": operator},
                    "distill": {"losses": config["losses"][loss]},
                    "run": {"seed": config.get("teacher_seed", 0)}})
@@ -225,7 +232,7 @@ def distill_args(config: dict, dataset: str, teacher: str, size: str, operator: 
 
 def finetune_args(config: dict, cell: Cell, teacher_model: str, distilled_model: str | None,
                   out_dir: str) -> str:
-    tree = deep_merge(_data(config, cell.dataset), _stage(config, "finetune"),
+    tree = deep_merge(_data(config, cell.dataset), _stage(config, "finetune", cell.dataset),
                   {"teacher": teacher_model, "distilled": distilled_model,
                    "model": {"operator": cell.operator}, "init": {"strategy": cell.init},
                    "run": {"seed": cell.seed}})

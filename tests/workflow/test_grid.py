@@ -569,3 +569,20 @@ def test_an_axis_table_exists_only_where_its_axis_has_two_values(tmp_path):
     assert "by_teacher" in grid.report_tables(taught, grid.expand_grid(taught))
     assert grid.grid_document(taught, grid.expand_grid(taught))["tables"] == \
         grid.report_tables(taught, grid.expand_grid(taught))
+
+
+def test_a_dataset_overrides_the_grids_stages_for_its_own_jobs():
+    config = default_config()
+    config["datasets"] = {"fashion_mnist": {"dataset": "fashion_mnist"},
+                          "digits": {"dataset": "mnist5k",
+                                     "stages": {"teacher": {"optim": {"epochs": 9}},
+                                                "finetune": {"data": {"train_subset": 300}}}}}
+    words = {d: shlex.split(grid.teacher_args(config, d, "pretrain", "cpu96", None, "O"))
+             for d in config["datasets"]}
+    assert "optim.epochs=9" in words["digits"] and "optim.epochs=2" in words["fashion_mnist"]
+    assert not any(w.startswith("data.stages") for w in words["digits"])
+    cells = {c.dataset: c for c in grid.expand_grid(config)}
+    digits = shlex.split(grid.finetune_args(config, cells["digits"], "T", "D", "O"))
+    assert "data.train_subset=300" in digits and "optim.epochs=1" in digits
+    assert "data.train_subset=8000" in shlex.split(
+        grid.finetune_args(config, cells["fashion_mnist"], "T", "D", "O"))
