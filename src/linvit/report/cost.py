@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from linvit.render.tables import rank
 from linvit.report.collect import GROUP
 
 TARGET = 0.95                # of the teacher's test top-1
@@ -63,8 +64,6 @@ def strategy_cost(runs: pd.DataFrame, target: float, jobs: int) -> dict:
 def time_to_target(results: pd.DataFrame, curves: pd.DataFrame, orders: dict,
                    main_loss: str) -> pd.DataFrame:
     """Rows: student x init strategy of the main loss; columns: COLUMNS."""
-    from linvit.render.tables import rank
-
     targets = teacher_top1(results)
     main = results[(results["kind"] == "cell") & results["loss"].isin([main_loss, "none"])]
     grid = main.groupby(STUDENT + ["init"], dropna=False).size()      # seeds, with failed ones
