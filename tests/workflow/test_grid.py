@@ -14,6 +14,7 @@ from linvit import deps, grid
 from linvit.attention import OPERATORS
 from linvit.config import ConfigError, load_config
 from linvit.render.tables import summarize, to_latex, to_markdown
+from linvit.report.claims import CLAIMS, SOFTMAX
 from linvit.report.collect import results_frame
 from linvit.report.tables import format_cell, main_table
 from linvit.robustness.shifts import SHIFTS
@@ -28,13 +29,19 @@ def default_config() -> dict:
     return config
 
 
-def test_default_grid_has_every_strategy_on_three_linear_operators():
+def test_default_grid_decides_every_claim_on_two_operator_families_with_seeds():
+    """What the report's claims read: every strategy of every claim, the softmax reference, a
+    feature map and a gated operator, and seeds to pair (one seed decides nothing)."""
     config = default_config()
     cells = grid.expand_grid(config)
+    needed = {s for claim in CLAIMS for s in claim.needs if s != SOFTMAX}
+    assert needed <= set(config["strategies"])
+    assert {"linear", "gla"} <= set(config["operators"])
+    assert len(config["seeds"]) >= 2
     main = [c for c in cells if c.loss in (config["main_loss"], "none") and c.operator != "softmax"]
-    assert {c.operator for c in main} == {"linear", "focused", "gla"}
     assert {c.init for c in main} == set(config["strategies"])
-    assert len(main) == len(config["strategies"]) * len(config["operators"])
+    assert len(main) == len(config["strategies"]) * len(config["operators"]) * len(config["seeds"])
+    assert any(c.operator == "softmax" for c in cells)
     assert grid.teachers(config, cells) == [("fashion_mnist", "pretrain", "cpu96")]
     # one distillation per (operator, loss design), shared by every cell that needs it
     assert len(grid.distillations(cells)) == len(config["operators"]) + 2
@@ -434,7 +441,7 @@ def test_a_stored_config_verdict_holds_only_for_its_config_code_and_files(tmp_pa
 
     assert checked(config) and not checked(config)
     assert not checked(yaml.safe_load(yaml.safe_dump(config)))        # equal, not the same dict
-    assert checked({**config, "seeds": [0, 1]})
+    assert checked({**config, "seeds": [*config["seeds"], 7]})
     assert checked(config)                                # one entry: the last verdict stored
     monkeypatch.setattr(memo, "code_version", lambda: "edited")
     assert checked(config) and not checked(config)
@@ -541,7 +548,7 @@ def test_the_report_has_the_dense_section_when_asked_or_once_it_exists(tmp_path)
 
 
 def test_dense_seeds_beyond_the_grid_s_add_backbone_cells_for_the_dense_sub_grid_only():
-    config = default_config()
+    config = {**default_config(), "seeds": [0]}
     config["dense"] = {**config["dense"], "operators": ["linear"], "seeds": [0, 1]}
     cells = grid.expand_grid(config)
     extra = grid.dense_cells(config, cells)
@@ -584,5 +591,6 @@ def test_a_dataset_overrides_the_grids_stages_for_its_own_jobs():
     cells = {c.dataset: c for c in grid.expand_grid(config)}
     digits = shlex.split(grid.finetune_args(config, cells["digits"], "T", "D", "O"))
     assert "data.train_subset=300" in digits and "optim.epochs=1" in digits
-    assert "data.train_subset=8000" in shlex.split(
+    own = config["stages"]["finetune"]["data"]["train_subset"]
+    assert f"data.train_subset={own}" in shlex.split(
         grid.finetune_args(config, cells["fashion_mnist"], "T", "D", "O"))
