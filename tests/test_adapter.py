@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linvit.config import ConfigError
 from linvit.dense.adapter_spec import check_interactions, even_interactions
+from linvit.errors import ConfigError
 from linvit.models import ModelSpec, create_vit, save_model
 from test_dense import dense_cfg
 

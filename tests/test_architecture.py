@@ -107,3 +107,23 @@ def test_every_cli_stage_has_its_run_files_and_a_code_map():
         files = deps.closure(entries[name])
         for target in (stage.entry, stage.config):
             assert deps.module_file(target.split(":")[0]) in files, (name, target)
+
+
+def test_error_classes_are_imported_from_errors_only():
+    """One home per error class (linvit.errors): a re-export elsewhere would let two modules
+    disagree on what a name means once one of them is edited."""
+    import ast
+    import inspect
+
+    from linvit import errors
+
+    names = {n for n, v in vars(errors).items() if inspect.isclass(v)
+             and issubclass(v, BaseException) and v.__module__ == errors.__name__}
+    assert "ConfigError" in names
+    wrong = []
+    for path in sorted(deps.PACKAGE_ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.ImportFrom) and node.module != "linvit.errors"
+                    and any(a.name in names for a in node.names)):
+                wrong.append(f"{path.relative_to(deps.SRC_ROOT)}:{node.lineno} ({node.module})")
+    assert not wrong, "error classes not imported from linvit.errors: " + ", ".join(wrong)

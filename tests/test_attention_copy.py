@@ -9,7 +9,8 @@ import torch
 from safetensors import safe_open
 
 from linvit import cli
-from linvit.models import CheckpointError, load_model, save_model
+from linvit.errors import CheckpointError
+from linvit.models import load_model, save_model
 from linvit.models.attention_copy import MAPS_KEY, drive_with_teacher
 
 from conftest import make_model, perturb

@@ -7,7 +7,8 @@ import pytest
 
 from linvit import cli
 from linvit.attention import OPERATORS
-from linvit.config import ConfigError, load_config, parse_overrides
+from linvit.config import load_config, parse_overrides
+from linvit.errors import ConfigError
 from linvit.train.config import PretrainConfig
 from linvit.transfer.config import DistillConfig, FinetuneConfig
 from linvit.transfer.losses import LOSSES

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from linvit.data import DATASETS, DataInfo, DatasetNotFound, get_dataset
+from linvit.data import DATASETS, DataInfo, get_dataset
 from linvit.data.fashion_mnist import DEBIAN_ROOT
 from linvit.data.loaders import TensorLoader
-from linvit.errors import DataError
+from linvit.errors import DataError, DatasetNotFound
 
 from conftest import synthetic_mnist, write_idx
 

@@ -17,7 +17,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from linvit import cli
-from linvit.config import ConfigError, load_config
+from linvit.config import load_config
 from linvit.dense.config import ScenesConfig
 from linvit.dense.scenes import (
     CLASSES,
@@ -29,6 +29,7 @@ from linvit.dense.scenes import (
     split_digest,
     verify_scenes,
 )
+from linvit.errors import ConfigError
 from linvit.io import load_yaml
 
 from conftest import synthetic_mnist

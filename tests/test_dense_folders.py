@@ -152,8 +152,8 @@ def test_a_folder_not_in_the_standard_layout_is_refused_before_any_compute(
         task, kind, missing, ade20k, coco, backbone_ckpt, tmp_path, monkeypatch):
     import shutil
 
-    from linvit.config import ConfigError
     from linvit.dense import stages
+    from linvit.errors import ConfigError
 
     monkeypatch.setattr(stages, "train_and_validate", lambda *a: pytest.fail("computed"))
     root = shutil.copytree(ade20k if kind == "ade20k" else coco, tmp_path / kind)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from linvit.attention import OPERATORS
-from linvit.models import CheckpointError, ModelSpec, create_vit
+from linvit.errors import CheckpointError
+from linvit.models import ModelSpec, create_vit
 from linvit.transfer.groups import GROUPS, group_of
 from linvit.transfer.init import apply_init, verify_init
 from linvit.transfer.strategies import STEM, STRATEGIES, get_strategy

@@ -11,8 +11,9 @@ import torch
 from PIL import Image
 
 from linvit import cli
-from linvit.data import DatasetNotFound, get_dataset
+from linvit.data import get_dataset
 from linvit.data.loaders import TorchLoader
+from linvit.errors import DatasetNotFound
 from linvit.io import read_json
 from linvit.models import save_model
 from linvit.robustness import corruptions as C

@@ -158,13 +158,10 @@ def main(argv: list[str] | None = None) -> int:
 def _check_device(cfg) -> None:
     """run.device=cuda needs CUDA here, where the job runs (not in config validation: the
     workflow builds every job's config on a submit host that may have no GPU)."""
-    from linvit.errors import ConfigError
-
     if getattr(getattr(cfg, "run", None), "device", None) == "cuda":
-        import torch
+        from linvit.runs.runtime import cuda_wanted
 
-        if not torch.cuda.is_available():
-            raise ConfigError("run.device: cuda, but torch sees no CUDA device (use auto or cpu)")
+        cuda_wanted("cuda")
 
 
 def _one_line(error: Exception) -> str:

@@ -315,7 +315,7 @@ def grid_names(config: dict) -> dict[str, list]:
 
 def check_names(config: dict) -> None:
     """Grid keys present, grid names safe, and a results path Snakemake can put in patterns."""
-    from linvit.config import ConfigError
+    from linvit.errors import ConfigError
 
     missing = [k for k in GRID_KEYS if k not in config]
     if missing:
@@ -333,8 +333,8 @@ def check_names(config: dict) -> None:
 
 def _check_registries(config: dict) -> None:
     from linvit.attention import OPERATORS
-    from linvit.config import ConfigError
     from linvit.data import DATASETS
+    from linvit.errors import ConfigError
     from linvit.models import SIZES
     from linvit.transfer.losses import LOSSES
     from linvit.transfer.strategies import STRATEGIES
@@ -363,7 +363,7 @@ def _check_registries(config: dict) -> None:
 def _check_teachers(config: dict) -> None:
     """Each teacher is fully described, and imported weight files exist now, not only when their
     job starts."""
-    from linvit.config import ConfigError
+    from linvit.errors import ConfigError
 
     for name, spec in teacher_specs(config).items():
         where = f"teachers.{name}"
@@ -443,7 +443,8 @@ def check_config(config: dict, existing_file: str, memo_dir: Path | None = None)
 
 def _check_config(config: dict, existing_file: str) -> None:
     from linvit.cli import stage_config
-    from linvit.config import ConfigError, load_config
+    from linvit.config import load_config
+    from linvit.errors import ConfigError
 
     check_names(config)
     _check_registries(config)
@@ -464,8 +465,8 @@ def _check_config(config: dict, existing_file: str) -> None:
 def _check_dense_necks(config: dict, built: dict) -> None:
     """ViT-Adapter's interactions and heads against each dense backbone's depth and width (a
     stage config alone does not know its backbone's size). `built`: job folder -> config."""
-    from linvit.config import ConfigError
     from linvit.dense.stages import check_adapter
+    from linvit.errors import ConfigError
     from linvit.models import SIZES
 
     for job in dense_jobs(config, expand_grid(config)) if config.get("dense") else []:

@@ -12,7 +12,8 @@ import yaml
 
 from linvit import deps, grid
 from linvit.attention import OPERATORS
-from linvit.config import ConfigError, load_config
+from linvit.config import load_config
+from linvit.errors import ConfigError
 from linvit.render.tables import summarize, to_latex, to_markdown
 from linvit.report.claims import CLAIMS, SOFTMAX
 from linvit.report.collect import results_frame

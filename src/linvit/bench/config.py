@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from linvit.attention import OPERATORS
-from linvit.config import ConfigError, RunCfg, one_of, positive
+from linvit.config import RunCfg, one_of, positive
+from linvit.errors import ConfigError
 from linvit.models import SIZES
 
 

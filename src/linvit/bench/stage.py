@@ -19,19 +19,15 @@ from linvit.bench.measure import keep_freed_memory
 from linvit.bench.models import sweep_models
 from linvit.bench.operators import sweep_operators
 from linvit.bench.ratios import goals, markdown
-from linvit.config import ConfigError
 from linvit.io import write_atomic, write_text
+from linvit.runs.runtime import cuda_wanted
 from linvit.runs.stage import completed_metrics, prepare_run
 
 log = logging.getLogger("linvit")
 
 
 def bench_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: cuda requested but torch sees no CUDA device")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
+    return torch.device("cuda" if cuda_wanted(name) else "cpu")
 
 
 def write_csv(rows: list[dict], path: Path) -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """The dataset registry. Adding a dataset: one file here, one line in DATASETS."""
 from __future__ import annotations
 
-from linvit.data.base import DataInfo, DatasetNotFound
+from linvit.data.base import DataInfo
 from linvit.data.cifar import CIFAR
 from linvit.data.fashion_mnist import FashionMNIST
 from linvit.data.imagefolder import ImageFolderDataset
@@ -23,4 +23,4 @@ def get_dataset(name: str):
         raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}") from None
 
 
-__all__ = ["DATASETS", "DataInfo", "DatasetNotFound", "get_dataset"]
+__all__ = ["DATASETS", "DataInfo", "get_dataset"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from linvit.data.loaders import TensorLoader
-from linvit.errors import DataError, DatasetNotFound  # noqa: F401  (re-exported)
+from linvit.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from linvit.data.base import DataInfo, DatasetNotFound, InMemoryDataset
-from linvit.errors import DataError
+from linvit.data.base import DataInfo, InMemoryDataset
+from linvit.errors import DataError, DatasetNotFound
 
 LAYOUT = {10: ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"],
                b"labels"),

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from linvit.data.base import DataInfo, DatasetNotFound, InMemoryDataset
-from linvit.errors import DataError
+from linvit.data.base import DataInfo, InMemoryDataset
+from linvit.errors import DataError, DatasetNotFound
 
 DEBIAN_ROOT = Path("/usr/share/datasets/fashion-mnist")
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from linvit.data.base import DataInfo, DatasetNotFound
+from linvit.data.base import DataInfo
 from linvit.data.loaders import TorchLoader
+from linvit.errors import DatasetNotFound
 
 SPLIT_DIRS = {"train": "train", "test": "val"}
 DEFAULT_IMG_SIZE = 224

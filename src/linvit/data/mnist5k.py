@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from linvit.data.base import DataInfo, DatasetNotFound, InMemoryDataset
+from linvit.data.base import DataInfo, InMemoryDataset
+from linvit.errors import DatasetNotFound
 
 TRAIN_SIZE = 4000
 

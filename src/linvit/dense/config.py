@@ -4,9 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from linvit.config import ConfigError, RunCfg, one_of, positive, required_file
+from linvit.config import RunCfg, one_of, positive, required_file
 from linvit.data import DATASETS
 from linvit.dense.scenes import SceneSpec
+from linvit.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import logging
 import time
 from pathlib import Path
 
-from linvit.config import ConfigError
 from linvit.dense.config import DenseConfig
+from linvit.errors import ConfigError
 from linvit.runs.runtime import seed_everything, setup_runtime
 from linvit.runs.stage import completed_metrics, prepare_run
 

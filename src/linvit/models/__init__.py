@@ -3,7 +3,6 @@ and checkpoint code) load on first use, so `from linvit.models import SIZES, Mod
 the workflow's checks) stays cheap."""
 from importlib import import_module
 
-from linvit.errors import CheckpointError
 from linvit.models.sizes import SIZES, ModelSize, get_size
 from linvit.models.spec import ModelSpec
 
@@ -12,7 +11,7 @@ _LAZY = {**dict.fromkeys(("load_model", "load_strict", "read_spec", "read_state_
          **dict.fromkeys(("LinvitViT", "attention_modules", "create_vit", "set_token_layout"),
                          "linvit.models.vit")}
 
-__all__ = ["CheckpointError", "ModelSize", "ModelSpec", "SIZES", "get_size", *_LAZY]
+__all__ = ["ModelSize", "ModelSpec", "SIZES", "get_size", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from linvit.config import (
     MAX_SEED,
-    ConfigError,
     DataCfg,
     RunCfg,
     existing_file,
@@ -15,6 +14,7 @@ from linvit.config import (
     positive,
     required_file,
 )
+from linvit.errors import ConfigError
 from linvit.robustness.corruptions import COMMON, LIBRARY_CORRUPTIONS, SEVERITIES
 from linvit.robustness.shifts import SHIFTS
 

@@ -67,14 +67,19 @@ def check_gpu_share(local_rank: int, visible: int) -> None:
             "most the GPUs allocated to the job (a cluster job's gpu resource)")
 
 
+def cuda_wanted(want: str) -> bool:
+    """Whether run.device `want` (auto | cpu | cuda) runs on CUDA in this process; cuda where
+    torch sees no CUDA device is refused (the one place that checks it)."""
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device: cuda, but torch sees no CUDA device (use auto or cpu)")
+    return want == "cuda" or (want == "auto" and torch.cuda.is_available())
+
+
 def setup_runtime(run_cfg) -> Runtime:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    want = run_cfg.device
-    if want == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("run.device: cuda, but torch sees no CUDA device (use auto or cpu)")
-    use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
+    use_cuda = cuda_wanted(run_cfg.device)
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         check_gpu_share(local_rank, torch.cuda.device_count())

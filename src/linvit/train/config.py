@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from linvit.config import (
-    ConfigError,
     DataCfg,
     ModelCfg,
     OptimCfg,
@@ -17,6 +16,7 @@ from linvit.config import (
     one_of,
     required_file,
 )
+from linvit.errors import ConfigError
 from linvit.models import SIZES, ModelSpec
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 
-from linvit.config import ConfigError
 from linvit.data import get_dataset
+from linvit.errors import ConfigError
 from linvit.models import ModelSpec, create_vit, load_model, save_model
 from linvit.runs.stage import completed_metrics, prepare_run, start_run
 from linvit.train.common import check_model_fits, finish_training, make_loaders, make_test_loader

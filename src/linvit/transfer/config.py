@@ -8,7 +8,6 @@ from typing import Literal
 from linvit.attention import OPERATORS
 from linvit.attention.base import MAP_KINDS
 from linvit.config import (
-    ConfigError,
     DataCfg,
     ModelCfg,
     OptimCfg,
@@ -21,6 +20,7 @@ from linvit.config import (
     positive,
     required_file,
 )
+from linvit.errors import ConfigError
 from linvit.models import SIZES, ModelSpec
 from linvit.transfer.groups import GROUPS
 from linvit.transfer.losses import LOSSES

@@ -13,7 +13,8 @@ from collections import Counter
 import torch
 from torch import nn
 
-from linvit.models import CheckpointError, attention_modules
+from linvit.errors import CheckpointError
+from linvit.models import attention_modules
 from linvit.transfer.groups import group_of
 from linvit.transfer.mimetic import mimetic_init_
 from linvit.transfer.strategies import InitStrategy

@@ -15,8 +15,8 @@ import logging
 
 import torch
 
-from linvit.config import ConfigError
 from linvit.data import get_dataset
+from linvit.errors import ConfigError
 from linvit.models import load_model
 from linvit.models.checkpoint import save_tensors
 from linvit.runs.stage import completed_metrics, start_run

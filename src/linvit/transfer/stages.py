@@ -14,7 +14,7 @@ import logging
 
 import torch
 
-from linvit.config import ConfigError
+from linvit.errors import ConfigError
 from linvit.io import write_json
 from linvit.models import ModelSpec, create_vit, load_model, read_spec, read_state_dict, save_model
 from linvit.models.attention_copy import MAPS_KEY, drive_with_teacher
