@@ -3,7 +3,7 @@
 #   - a virtual environment in .venv with torch, timm, linvit (editable), Snakemake and its SLURM
 #     executor plugin, pandas, matplotlib and the test tools
 #   - with --dense, the OpenMMLab stack for the dense tasks (scripts/setup_openmmlab.sh: mmcv is
-#     compiled once, ~8 min on 2 cores, then reused from ~/.cache/linvit/wheels)
+#     compiled once, minutes on 2 cores, then reused from ~/.cache/linvit/wheels)
 #   - Fashion-MNIST from Debian's dataset-fashion-mnist package, when missing and apt is usable
 # TORCH_SPEC overrides the torch pin, e.g. TORCH_SPEC="torch torchvision" for the newest.
 set -euo pipefail

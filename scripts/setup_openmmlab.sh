@@ -24,7 +24,7 @@ fi
 tag="cuda$FORCE_CUDA-torch$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')"
 wheel=$(ls "$CACHE"/mmcv-2.1.0+"$tag"-*.whl 2>/dev/null | head -n 1 || true)
 if [ -z "$wheel" ]; then
-  echo "[setup] building mmcv 2.1.0 with its ops (once; ~8 min on 2 cores)"
+  echo "[setup] building mmcv 2.1.0 with its ops (once; it takes minutes)"
   work=$(mktemp -d)
   "$PY" -m pip download -q --no-deps --no-build-isolation --no-binary :all: "mmcv==2.1.0" -d "$work"
   tar -xzf "$work"/mmcv-2.1.0.tar.gz -C "$work"

@@ -64,7 +64,7 @@ def check_site_settings(expressions: Iterable[str], environ: Mapping[str, str]) 
         + "\n".join(lines)
         + f"\nset {'it' if len(missing) == 1 else 'them'} before running Snakemake, e.g. "
         + "export " + " ".join(f"{name}=..." for name in missing)
-        + " (see README, 'On a SLURM cluster')")
+        + " (see docs/cluster.md)")
 
 
 def scontrol_setting(show_config: str, key: str) -> str | None:

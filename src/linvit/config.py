@@ -159,7 +159,8 @@ class OptimCfg:
                                             "poly", "const"))
 
 # Optimizers timm has (a test holds it): these names are checked without importing timm.optim,
-# which imports all of timm (~3 s, paid by every Snakemake start, which checks every job's config).
+# which imports all of timm (seconds, paid by every Snakemake start, which checks every job's
+# config).
 COMMON_OPTIMIZERS = ("adamw", "adam", "sgd", "momentum", "lamb", "lion")
 
 

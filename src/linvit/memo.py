@@ -4,7 +4,7 @@ check's verdict and the code map (linvit.deps: the package's import graph, the r
 Every Snakemake start evaluates the Snakefile: the one that plans a run checks every job's config,
 and every one (the one inside a cluster job too, and the one Snakemake spawns for a `run:` rule)
 builds the code map for code-change invalidation. Both need the registries, which are torch
-classes, and the map parses every source file: ~5 s per start, paid again on every rerun of an
+classes, and the map parses every source file: seconds per start, paid again on every rerun of an
 unchanged grid and twice per cluster job. Stored here instead, keyed by everything they depend on
 (the code of src/linvit, byte for byte; the config; the interpreter and the torch, timm and
 PyYAML versions), they are read back without importing torch. A key that differs recomputes and

@@ -19,7 +19,7 @@ from linvit import cluster, deps  # noqa: E402   (grid: imported by the Snakefil
 # (and so before the config check, the slow part of planning a large grid).
 cluster.check_site_settings(cluster.resource_expressions(workflow.resource_settings), os.environ)
 
-# What every start would otherwise recompute, importing the registries and so torch (~5 s): the
+# What every start would otherwise recompute, importing the registries and so torch (seconds): the
 # config check's verdict and the code map, kept per code version in the working directory's
 # Snakemake folder (linvit.memo), which cluster jobs share.
 MEMO = Path.cwd() / ".snakemake" / "linvit"
@@ -27,7 +27,7 @@ deps.memoise_in(MEMO)
 
 # The Snakemake that plans the run checks every job's config. The ones a cluster job starts to run
 # one job (--mode remote in the batch script, subprocess under srun) read the same config: checking
-# it again would import the whole training stack (~8 s) twice per job, for nothing.
+# it again would import the whole training stack twice per job, for nothing.
 if workflow.exec_mode == ExecMode.DEFAULT:
     grid.check_config(config, str(Path(workflow.basedir) / "Snakefile"), MEMO)
 
