@@ -13,9 +13,9 @@ from linvit import deps
 
 # Packages that are stages of the pipeline; shared code lives outside them (runs/, render/,
 # config.py, models/, data/, attention/, ops/, io.py, errors.py, trees.py).
-STAGE_PACKAGES = ("train", "transfer", "dense", "bench", "report")
+STAGE_PACKAGES = ("train", "transfer", "dense", "bench", "robustness", "report")
 # Stages that share no code with another stage (transfer builds on train's training loop).
-SELF_CONTAINED = ("dense", "bench", "report")
+SELF_CONTAINED = ("dense", "bench", "robustness", "report")
 
 
 def unit(path: Path) -> str | None:

@@ -218,8 +218,8 @@ def robustness_record(key, status="ok", clean=80.0, subset=82.0, sets=None, shif
     metrics = {"top1": clean, "corruptions": {"clean": subset, "sets": sets, "samples": 40,
                                               "mean": float(np.mean([v for s in sets.values()
                                                                      for v in s.values()]))}}
-    if shifts:
-        metrics["shifts"] = shifts
+    if shifts:                              # as the stage records them: scores and titles
+        metrics.update(shifts=shifts, shift_titles={k: SHIFTS[k].title for k in shifts})
     return {"kind": "robustness", "key": key, "status": status,
             "metrics": metrics if status == "ok" else None}
 

@@ -28,3 +28,15 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def non_finite(tree, prefix: str = "") -> list[str]:
+    """'path=value' of every float in `tree` (nested dicts, lists) that is NaN or infinite: the
+    one finiteness check of metrics, evaluations and records."""
+    if isinstance(tree, dict):
+        return [p for k, v in tree.items() for p in non_finite(v, f"{prefix}{k}.")]
+    if isinstance(tree, (list, tuple)):
+        return [p for i, v in enumerate(tree) for p in non_finite(v, f"{prefix}{i}.")]
+    if isinstance(tree, float) and not (tree == tree and abs(tree) != float("inf")):
+        return [f"{prefix.rstrip('.')}={tree}"]
+    return []

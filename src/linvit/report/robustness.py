@@ -18,7 +18,6 @@ from linvit.io import write_text
 from linvit.render.plotting import new_figure, save
 from linvit.render.tables import cell_text, rank, rows_where, to_markdown, write_table
 from linvit.report.collect import GROUP
-from linvit.robustness.shifts import SHIFTS
 
 KEY = ["dataset", "teacher", "size", "operator", "init", "loss", "seed"]
 TEACHER = "teacher"
@@ -60,13 +59,20 @@ def _severity_mean(c: dict, severity: str) -> float:
     return sum(values) / len(values)
 
 
-def robustness_table(frame: pd.DataFrame, orders: dict) -> pd.DataFrame:
-    frame = _with_teacher_difference(frame)
+def shift_titles(records: list[dict]) -> dict[str, str]:
+    """Each shift set's title, as the robustness jobs recorded it beside its score."""
+    return {k: v for r in records for k, v in ((r.get("metrics") or {}).get("shift_titles")
+                                               or {}).items()}
+
+
+def robustness_table(frame: pd.DataFrame, orders: dict,
+                     titles: dict[str, str] | None = None) -> pd.DataFrame:
+    frame, titles = _with_teacher_difference(frame), titles or {}
     columns = [("clean", "clean")]
     if "corruption_mean" in frame:
         columns += [("corruption_mean", "corruptions"), ("corruption_kept", "kept %"),
                     ("vs_teacher", "vs teacher")]
-    columns += [(c, SHIFTS[c.removeprefix("shift_")].title)
+    columns += [(c, titles.get(c.removeprefix("shift_"), c.removeprefix("shift_")))
                 for c in frame.columns if c.startswith("shift_")]
     rows, index = [], []
     for key, group in _model_groups(frame, orders):
@@ -143,7 +149,7 @@ def write_robustness(records: list[dict], grid: dict, tables_dir: Path, figures_
                      out: Path) -> pd.DataFrame:
     orders = {**grid["orders"], "main_loss": grid["main_loss"]}
     frame = robustness_frame(records, grid["cells"])
-    table = robustness_table(frame, orders)
+    table = robustness_table(frame, orders, shift_titles(records))
     write_table(table, Path(tables_dir) / "robustness", CAPTION)
     robustness_figure(frame, orders, Path(figures_dir) / "robustness")
     rel = os.path.relpath(Path(figures_dir) / "robustness.png", Path(out).parent)

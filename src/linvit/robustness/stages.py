@@ -24,9 +24,8 @@ from linvit.models import load_model
 from linvit.models.checkpoint import load_tensors, save_tensors
 from linvit.robustness.corruptions import corrupt_images
 from linvit.robustness.shifts import IMAGENET_CLASSES, SHIFTS, ShiftDataset
+from linvit.runs.evaluation import check_model_fits, evaluate, make_test_loader
 from linvit.runs.stage import completed_metrics, start_run
-from linvit.train.common import check_model_fits, make_test_loader
-from linvit.train.loop import evaluate
 
 log = logging.getLogger("linvit")
 LIBRARY = "imagecorruptions-imaug"
@@ -107,6 +106,8 @@ def run_robustness(cfg, out, replace: bool = False) -> dict:
     if shift_loaders:
         metrics["shifts"] = {name: _score_shift(model, name, loader, rt)
                              for name, loader in shift_loaders.items()}
+        # the report reads files only: each set's title travels with its score
+        metrics["shift_titles"] = {name: SHIFTS[name].title for name in shift_loaders}
     return run.finish({**metrics, "checkpoint": cfg.checkpoint, "spec": model.spec.as_dict()})
 
 

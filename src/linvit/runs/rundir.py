@@ -37,6 +37,7 @@ from linvit.io import (
     write_yaml,
 )
 from linvit.runs.verify import verified_metrics
+from linvit.trees import non_finite
 
 MARKER = ".linvit-run"
 LOCK = ".linvit-lock"
@@ -284,7 +285,7 @@ class RunDir:
             dumps(metrics)
         except ValueError:
             raise RunFailed(f"non-finite metrics, not recorded as a result: "
-                            f"{_non_finite(metrics)}") from None
+                            f"{non_finite(metrics)}") from None
         outputs = {}
         for name in STAGE_FILES[self.stage][0]:
             target = self.path / name
@@ -297,16 +298,6 @@ class RunDir:
         log.info("finished: %s", self.metrics)
         self.release()
         return metrics
-
-
-def _non_finite(tree, prefix: str = "") -> list[str]:
-    if isinstance(tree, dict):
-        return [p for k, v in tree.items() for p in _non_finite(v, f"{prefix}{k}.")]
-    if isinstance(tree, (list, tuple)):
-        return [p for i, v in enumerate(tree) for p in _non_finite(v, f"{prefix}{i}.")]
-    if isinstance(tree, float) and not (tree == tree and abs(tree) != float("inf")):
-        return [f"{prefix.rstrip('.')}={tree}"]
-    return []
 
 
 def environment() -> dict:

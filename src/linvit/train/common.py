@@ -3,56 +3,17 @@ finishing a run."""
 from __future__ import annotations
 
 import logging
-import math
 
 from torch import nn
 
-from linvit.data import get_dataset
-from linvit.errors import ConfigError
 from linvit.io import read_json, write_json
 from linvit.models import save_model
+from linvit.runs.evaluation import evaluate
 from linvit.runs.rundir import RunDir
 from linvit.runs.runtime import Runtime
-from linvit.train.loop import evaluate
+from linvit.trees import non_finite
 
 log = logging.getLogger("linvit")
-
-
-def make_loaders(data_cfg, rt: Runtime):
-    info = get_dataset(data_cfg.dataset).info(data_cfg.root, data_cfg.img_size)
-    train = _loader(data_cfg, rt, "train")
-    test = _loader(data_cfg, rt, "test")
-    if len(train) == 0 or len(test) == 0:
-        raise ConfigError(f"data: {data_cfg.dataset} gives {len(train)} training batches of "
-                          f"{data_cfg.batch_size} and {len(test)} test batches; use a smaller "
-                          "batch size or more data")
-    train.summary = test.summary = (f"data {data_cfg.dataset}: {train.num_samples} train / "
-                                    f"{test.num_samples} test samples, {info.num_classes} classes")
-    return info, train, test
-
-
-def make_test_loader(data_cfg, rt: Runtime):
-    """The test split's loader alone (evaluation stages)."""
-    test = _loader(data_cfg, rt, "test")
-    test.summary = f"data {data_cfg.dataset}: {test.num_samples} test samples"
-    return test
-
-
-def _loader(data_cfg, rt: Runtime, split: str):
-    train = split == "train"
-    return get_dataset(data_cfg.dataset).loader(
-        data_cfg.root, split, train=train, seed=rt.seed, rank=rt.rank, world=rt.world,
-        img_size=data_cfg.img_size, workers=data_cfg.workers,
-        batch_size=data_cfg.batch_size if train else data_cfg.eval_batch_size,
-        subset=data_cfg.train_subset if train else data_cfg.test_subset)
-
-
-def check_model_fits(spec, info, dataset: str) -> None:
-    """A loaded model takes this dataset's images and classes, checked before any compute."""
-    if (spec.num_classes, spec.img_size) != (info.num_classes, info.img_size):
-        raise ConfigError(f"checkpoint: its model takes {spec.img_size} px images of "
-                          f"{spec.num_classes} classes, dataset {dataset!r} has "
-                          f"{info.img_size} px images of {info.num_classes} classes")
 
 
 def evaluate_init(model: nn.Module, loader, rt: Runtime, run: RunDir, num_classes: int,
@@ -65,10 +26,10 @@ def evaluate_init(model: nn.Module, loader, rt: Runtime, run: RunDir, num_classe
         return None
     result = evaluate(model, loader, rt, num_classes)
     result.pop("per_class_acc")
-    bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
-    if bad:                 # a diagnostic: kept as "not a number" (null), never as a value
+    if bad := non_finite(result):  # a diagnostic: kept as "not a number" (null), never a value
         log.warning("non-finite %s of the model as initialised: recorded as null", bad)
-        result = {k: (None if k in bad else v) for k, v in result.items()}
+        names = {b.split("=")[0] for b in bad}
+        result = {k: (None if k in names else v) for k, v in result.items()}
     if rt.is_main:
         write_json(path, result)
     return result

@@ -10,10 +10,10 @@ import logging
 from linvit.data import get_dataset
 from linvit.errors import ConfigError
 from linvit.models import ModelSpec, create_vit, load_model, save_model
+from linvit.runs.evaluation import check_model_fits, evaluate, make_loaders, make_test_loader
 from linvit.runs.stage import completed_metrics, prepare_run, start_run
-from linvit.train.common import check_model_fits, finish_training, make_loaders, make_test_loader
+from linvit.train.common import finish_training
 from linvit.train.config import EvaluateConfig, ImportConfig, PretrainConfig
-from linvit.train.loop import evaluate
 from linvit.train.objectives import ClassificationObjective
 from linvit.train.trainer import fit
 

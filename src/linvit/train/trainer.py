@@ -4,7 +4,6 @@ resume from the last checkpoint, evaluation on schedule. Used by pretrain, disti
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
 import torch
@@ -18,6 +17,7 @@ from linvit.runs.rundir import RunDir
 from linvit.runs.runtime import Runtime, epoch_seed
 from linvit.runs.state import load_state, save_state
 from linvit.train.loop import train_one_epoch
+from linvit.trees import non_finite
 
 log = logging.getLogger("linvit")
 
@@ -62,9 +62,7 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
         last = epoch + 1 == optim_cfg.epochs
         if last or (eval_every and (epoch + 1) % eval_every == 0):
             evaluation = evaluate_fn()
-            bad = {k: v for k, v in evaluation.items()
-                   if isinstance(v, float) and not math.isfinite(v)}
-            if bad:
+            if bad := non_finite(evaluation):
                 raise RunFailed(f"non-finite evaluation after epoch {epoch + 1}: {bad}")
             if not last:                      # keep per-epoch lines short
                 evaluation.pop("per_class_acc", None)

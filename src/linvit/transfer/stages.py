@@ -19,9 +19,9 @@ from linvit.io import write_json
 from linvit.models import ModelSpec, create_vit, load_model, read_spec, read_state_dict, save_model
 from linvit.models.attention_copy import MAPS_KEY, drive_with_teacher
 from linvit.models.checkpoint import head_state
+from linvit.runs.evaluation import evaluate, make_loaders
 from linvit.runs.stage import completed_metrics, start_run
-from linvit.train.common import evaluate_init, finish_training, make_loaders
-from linvit.train.loop import evaluate
+from linvit.train.common import evaluate_init, finish_training
 from linvit.train.objectives import ClassificationObjective
 from linvit.train.trainer import fit
 from linvit.transfer.config import DistillConfig, FinetuneConfig
@@ -207,7 +207,7 @@ def run_select(cfg, out, replace: bool = False) -> dict:
     selected, before any training."""
     from linvit.data import get_dataset
     from linvit.models.sizes import get_size
-    from linvit.train.common import make_test_loader
+    from linvit.runs.evaluation import make_test_loader
     from linvit.transfer.select import select_state, selection
 
     rt, run = start_run(cfg, out, "select", replace)
