@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
+from linvit.ops.backends import backend
 from linvit.ops.definitions import FEATURES
-from linvit.ops.linear_attention import backend, linear_attention
+from linvit.ops.linear_attention import linear_attention
 
 # (feature map, normalised): every map the backends define, both ways. Operators use three of them
 # (linear: elu1; focused/hedgehog: identity on positive features; inline: identity, unnormalised).

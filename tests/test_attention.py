@@ -8,8 +8,8 @@ from torch import nn
 
 from linvit.attention import OPERATORS, AttentionOperator, get_operator, operator_class
 from linvit.bench.operators import parts_of
+from linvit.ops.backends import backend
 from linvit.ops.linear_attention import (
-    backend,
     injective_linear_attention_map,
     normalized_linear_attention_map,
 )

@@ -15,7 +15,7 @@ from linvit.bench.operators import make_operator
 from linvit.bench.ratios import flop_bound, goals, slopes, speedups
 from linvit.cli import main
 from linvit.config import load_config
-from linvit.ops.linear_attention import backend
+from linvit.ops.backends import backend
 
 CPU = torch.device("cpu")
 MIB = 2**20

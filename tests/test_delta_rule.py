@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 from linvit.attention.deltanet import DeltaNetAttention
 from linvit.ops import delta_rule as dr
+from linvit.ops.backends import backend, triton_available
 from linvit.ops.bidirectional import fla_kernel
 from linvit.ops.definitions import unit_rows
 from linvit.ops.delta_rule import delta_rule, delta_rule_map
-from linvit.ops.linear_attention import backend, triton_available
 
 B, H, N, D = 2, 3, 50, 24                   # awkward on purpose: N = 1 + 7x7, d = 24
 SCALE = 0.7

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from linvit.attention.gla import GATE_BIAS, GATE_NORMALISER, GatedLinearAttention
 from linvit.attention.mamba2 import A_INIT, DT_INIT, Mamba2Attention
 from linvit.ops import gated_scan as gs
+from linvit.ops.backends import backend, triton_available
 from linvit.ops.gated_scan import CHUNK, MAX_STEP_DECAY, gated_scan, gated_scan_map
-from linvit.ops.linear_attention import backend, triton_available
 
 B, H, D = 2, 3, 24
 F64 = torch.float64

@@ -16,9 +16,11 @@ import pytest
 import torch
 
 from linvit.attention import OPERATORS
+from linvit.ops import backends
 from linvit.ops import linear_attention as dispatch
+from linvit.ops.backends import backend, resolve_backend, triton_available
 from linvit.ops.definitions import FEATURES
-from linvit.ops.linear_attention import backend, linear_attention, resolve_backend, triton_available
+from linvit.ops.linear_attention import linear_attention
 
 from kernel_cases import VARIANTS, assert_match, inputs, run
 
@@ -119,12 +121,12 @@ def test_triton_feature_codes_are_keyed_by_the_python_feature_maps():
 def test_triton_that_cannot_load_is_said_unless_simply_absent(monkeypatch, caplog, missing, warns):
     monkeypatch.delitem(sys.modules, "linvit.ops.triton_kernels", raising=False)
     monkeypatch.setitem(sys.modules, missing, None)    # None in sys.modules: that import fails
-    dispatch.triton_available.cache_clear()
+    backends.triton_available.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="linvit"):
             assert not triton_available()
     finally:
-        dispatch.triton_available.cache_clear()        # the real answer for later tests
+        backends.triton_available.cache_clear()        # the real answer for later tests
     assert any("Triton kernels unavailable" in r.getMessage() for r in caplog.records) == warns
 
 

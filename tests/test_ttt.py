@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import Attention
 
 from linvit.attention.ttt import TTTAttention
-from linvit.ops.linear_attention import backend
+from linvit.ops.backends import backend
 
 B, H, D = 2, 3, 24
 LAYOUTS = [(1, (7, 7)), (0, (5, 8)), (2, (3, 6))]      # (prefix tokens, grid): cls, none, two

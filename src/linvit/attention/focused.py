@@ -14,12 +14,12 @@ import torch
 from torch import nn
 
 from linvit.attention.base import ODD_KERNEL, AttentionOperator
+from linvit.ops.backends import resolve_backend
 from linvit.ops.focused_features import focused_features
 from linvit.ops.linear_attention import (
     linear_core_flops,
     normalized_linear_attention,
     normalized_linear_attention_map,
-    resolve_backend,
 )
 
 

@@ -20,7 +20,7 @@ import torch
 
 from linvit.attention import OPERATORS, AttentionOperator
 from linvit.bench.measure import median_seconds, peak_bytes
-from linvit.ops.linear_attention import backend, triton_available
+from linvit.ops.backends import backend, triton_available
 
 log = logging.getLogger("linvit")
 

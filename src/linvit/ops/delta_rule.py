@@ -38,6 +38,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from linvit.ops.backends import resolve_backend
 from linvit.ops.bidirectional import (
     fla_kernel,
     from_fla,
@@ -45,8 +46,8 @@ from linvit.ops.bidirectional import (
     stack_directions,
     to_fla,
 )
+from linvit.ops.chunks import chunk_bmm
 from linvit.ops.definitions import compute_dtype
-from linvit.ops.linear_attention import resolve_backend
 
 log = logging.getLogger("linvit")
 
@@ -230,13 +231,13 @@ class _ChunkedDeltaRule(torch.autograd.Function):
         dk = _scan_grad(k, w, q, do, new, dnew)             # N G_out^T; completes dnew
         z = t.mT @ dnew                                     # (n, G, C, Dv)
         zn = (z @ new.mT).tril_(-1)                         # -(gradient of L), its free part
-        zs = _bmm(z, states.mT, dnew)                   # dnew is spent: reuse its memory
+        zs = chunk_bmm(z, states.mT, dnew)                   # dnew is spent: reuse its memory
         dbeta = _dot(z, v) - _dot(k, zs) - _dot(zn, lower)
         dk.addcmul_(zs, beta, value=-1)
         x = zn.mul_(beta)
         _matmul_add(dk, x + x.mT, k, alpha=-1)
         _matmul_add(dk, dp.mT, q)
-        dq = _matmul_add(_bmm(do, states.mT, zs), dp, k)
+        dq = _matmul_add(chunk_bmm(do, states.mT, zs), dp, k)
         return dq, dk, z.mul_(beta), dbeta
 
 
@@ -277,15 +278,6 @@ def _scan_grad(k, w, q, do, new, dnew):
         torch.bmm(n_i, g.mT, out=dk_i)
         g.baddbmm_(q_i.mT, do_i).baddbmm_(w_i.mT, dn_i, alpha=-1)
     return dk
-
-
-def _bmm(a, b, spent):
-    """a @ b over the (n, G) batch, written into `spent`, a buffer nothing needs any more, when it
-    has the result's shape: fresh memory costs page faults that cost as much as the product."""
-    shape = (*a.shape[:-1], b.shape[-1])
-    out = spent if spent.shape == shape else a.new_empty(shape)
-    torch.bmm(a.flatten(0, 1), b.flatten(0, 1), out=out.flatten(0, 1))
-    return out
 
 
 def _matmul_add(acc, a, b, alpha: float = 1.0):

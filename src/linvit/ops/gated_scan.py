@@ -15,7 +15,7 @@ directions' inputs come stacked on a leading axis of 2: log_a (2, B, H, N, Dk or
 being decay_scale * log_a; key_scale (2, B, H, N, 1) multiplies each direction's keys (SSD's dt).
 With strict=True the diagonal is left out (j < i, j > i: SSD as Hydra's quasiseparable mixer).
 
-Paths, picked by linvit.ops.linear_attention.resolve_backend:
+Paths, picked by linvit.ops.backends.resolve_backend:
   reference  the recurrence token by token: the readable definition (slow: N steps);
   torch      chunked: exact within chunks of CHUNK tokens, a state carried between them, time and
              memory linear in N; both directions at once on shared q, k, v, with the backward
@@ -40,6 +40,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from linvit.ops.backends import resolve_backend
 from linvit.ops.bidirectional import (
     TOKENS,
     fla_kernel,
@@ -48,8 +49,8 @@ from linvit.ops.bidirectional import (
     stack_directions,
     to_fla,
 )
+from linvit.ops.chunks import chunk_bmm
 from linvit.ops.definitions import compute_dtype
-from linvit.ops.linear_attention import resolve_backend
 
 log = logging.getLogger("linvit")
 
@@ -237,11 +238,6 @@ def _set_diagonal(a, extra):
         diagonal.add_(extra)
 
 
-def _bmm(a, b):
-    """Batched matmul over the (X, n) chunk axes: (X, n, r, s) @ (X, n, s, t)."""
-    return (a.flatten(0, 1) @ b.flatten(0, 1)).view(*a.shape[:2], a.shape[2], b.shape[3])
-
-
 def _left_right(q, v):
     """Buffers L (X, n, C, C + 2K) and R (X, n, C + 2K, V) that the forward pass fills in place:
     L = [A | P_F | P_B], R = [s V ; E_F ; E_B], so that the output s (A V + P_F E_F + P_B E_B) is
@@ -277,36 +273,37 @@ class _ChannelChunks(torch.autograd.Function):
         kk_f, kk_b = k_f / e_f, k_b / e_b
         for kk, e, s, rev in ((kk_f, e_f, s_f, False), (kk_b, e_b, s_b, True)):
             total = _chunk_total(e, rev).transpose(-1, -2)          # (X, n, K, 1)
-            _states(_bmm(kk.transpose(-1, -2), v_s).mul_(total), total, rev, out=s)
-        a_f = _bmm(p_f, kk_f.transpose(-1, -2))
-        torch.where(_below(q.shape[2], q.device), a_f, _bmm(p_b, kk_b.transpose(-1, -2)), out=a)
+            _states(chunk_bmm(kk.transpose(-1, -2), v_s).mul_(total), total, rev, out=s)
+        a_f = chunk_bmm(p_f, kk_f.transpose(-1, -2))
+        a_b = chunk_bmm(p_b, kk_b.transpose(-1, -2))
+        torch.where(_below(q.shape[2], q.device), a_f, a_b, out=a)
         _set_diagonal(a, None if strict else a_f.diagonal(dim1=-2, dim2=-1))
         ctx.save_for_backward(left, right, e_f, e_b, kk_f, kk_b)
         ctx.scale, ctx.decay_scale, ctx.strict = scale, decay_scale, strict
         ctx.same_keys = k_f is k_b
-        return _bmm(left, right)
+        return chunk_bmm(left, right)
 
     @staticmethod
     def backward(ctx, grad):
         left, right, e_f, e_b, kk_f, kk_b = ctx.saved_tensors
         (a, p_f, p_b), (v_s, s_f, s_b) = _parts(left, right, e_f.shape[-1])
         g = grad.contiguous()
-        d_a = _bmm(g, v_s.transpose(-1, -2))
-        d_v = _bmm(a.transpose(-1, -2), g)                     # d(s v); times s at the end
+        d_a = chunk_bmm(g, v_s.transpose(-1, -2))
+        d_v = chunk_bmm(a.transpose(-1, -2), g)                     # d(s v); times s at the end
         d_cum = e_f.new_empty(2, *e_f.shape)                  # d cumulative log-gates
         d_q, d_ks = None, []
         sides = ((d_a.tril(-1 if ctx.strict else 0), e_f, p_f, kk_f, s_f, False),
                  (d_a.triu_(1 if ctx.strict else 0), e_b, p_b, kk_b, s_b, True))
         for i, (d_a_side, e, p, kk, s, rev) in enumerate(sides):
             total = _chunk_total(e, rev).transpose(-1, -2)
-            d_u, d_log = _states_grad(_bmm(p.transpose(-1, -2), g), total, s, rev, True)
+            d_u, d_log = _states_grad(chunk_bmm(p.transpose(-1, -2), g), total, s, rev, True)
             d_w = d_u.mul_(total)                              # U = total W
             d_v.flatten(0, 1).baddbmm_(kk.flatten(0, 1), d_w.flatten(0, 1),
                                        beta=1.0 if i == 0 else ctx.scale,
                                        alpha=1.0 if i == 0 else ctx.scale)
-            d_p = _bmm(g, s.transpose(-1, -2))
+            d_p = chunk_bmm(g, s.transpose(-1, -2))
             d_p.flatten(0, 1).baddbmm_(d_a_side.flatten(0, 1), kk.flatten(0, 1))
-            d_kk = _bmm(v_s, d_w.transpose(-1, -2))
+            d_kk = chunk_bmm(v_s, d_w.transpose(-1, -2))
             d_kk.flatten(0, 1).baddbmm_(d_a_side.transpose(-1, -2).flatten(0, 1), p.flatten(0, 1))
             torch.mul(d_p, p, out=d_cum[i])
             d_cum[i].addcmul_(d_kk, kk, value=-1.0)            # d(q e)/db = P, d(k/e)/db = -K
@@ -341,7 +338,7 @@ class _ScalarChunks(torch.autograd.Function):
             e = cum.exp()
             torch.mul(q, e, out=p)
             kk = k * (r if w is None else r * w)
-            _states(_bmm(kk.transpose(-1, -2), v_s), _chunk_total(e, rev), rev, out=s)
+            _states(chunk_bmm(kk.transpose(-1, -2), v_s), _chunk_total(e, rev), rev, out=s)
             saved += [e, r, kk]
         below = _below(q.shape[2], q.device)
         dec = torch.where(below, cum_f - cum_f.transpose(-1, -2),
@@ -350,11 +347,11 @@ class _ScalarChunks(torch.autograd.Function):
             below, weights[0].transpose(-1, -2), weights[1].transpose(-1, -2))
         # (mix may be dec itself: dec's diagonal is never read again)
         _set_diagonal(mix, None if strict else (1.0 if weights is None else weights[0][..., 0]))
-        qk = _bmm(q, k.transpose(-1, -2))
+        qk = chunk_bmm(q, k.transpose(-1, -2))
         torch.mul(qk, mix, out=a)
         ctx.save_for_backward(q, k, weights, *saved, dec, mix, qk, left, right, cums)
         ctx.scale, ctx.decay_scale, ctx.strict = scale, decay_scale, strict
-        return _bmm(left, right)
+        return chunk_bmm(left, right)
 
     @staticmethod
     def backward(ctx, grad):
@@ -362,23 +359,23 @@ class _ScalarChunks(torch.autograd.Function):
          cums) = ctx.saved_tensors
         (a, p_f, p_b), (v_s, s_f, s_b) = _parts(left, right, q.shape[-1])
         g = grad.contiguous()
-        d_a = _bmm(g, v_s.transpose(-1, -2))
-        d_v = _bmm(a.transpose(-1, -2), g)
+        d_a = chunk_bmm(g, v_s.transpose(-1, -2))
+        d_v = chunk_bmm(a.transpose(-1, -2), g)
         d_qk = d_a * mix
-        d_q, d_k = _bmm(d_qk, k), _bmm(d_qk.transpose(-1, -2), q)
+        d_q, d_k = chunk_bmm(d_qk, k), chunk_bmm(d_qk.transpose(-1, -2), q)
         d_cum = torch.empty_like(cums)
         d_w = None if weights is None else torch.empty_like(weights)
         totals = []
         for i, (e, r, kk, p, s) in enumerate(((e_f, r_f, kk_f, p_f, s_f),
                                               (e_b, r_b, kk_b, p_b, s_b))):
             kw = r if weights is None else r * weights[i]
-            d_u, d_log = _states_grad(_bmm(p.transpose(-1, -2), g), _chunk_total(e, i == 1), s,
+            d_u, d_log = _states_grad(chunk_bmm(p.transpose(-1, -2), g), _chunk_total(e, i == 1), s,
                                       i == 1, False)
             d_v.flatten(0, 1).baddbmm_(kk.flatten(0, 1), d_u.flatten(0, 1),
                                        beta=1.0 if i == 0 else ctx.scale,
                                        alpha=1.0 if i == 0 else ctx.scale)
-            d_p = _bmm(g, s.transpose(-1, -2))
-            d_kk = _bmm(v_s, d_u.transpose(-1, -2))            # d(k kw)
+            d_p = chunk_bmm(g, s.transpose(-1, -2))
+            d_kk = chunk_bmm(v_s, d_u.transpose(-1, -2))            # d(k kw)
             d_q.addcmul_(d_p, e)
             d_k.addcmul_(d_kk, kw)
             d_kw = (d_kk * k).sum(-1, keepdim=True)            # (X, n, C, 1)
@@ -407,8 +404,8 @@ def _scalar_mix_grad(d_cum, d_w, d_mix, dec, weights, strict: bool):
     col_f = lower.sum(-2).unsqueeze(-1)                        # (X, n, C, 1)
     col_b = t.sum(-2).unsqueeze(-1) - col_f
     w = torch.ones_like(d_cum) if weights is None else weights
-    rows = _bmm(lower, torch.cat([w[0], w[1]], dim=-1))       # (X, n, C, 2)
-    row_b = _bmm(t, w[1]) - rows[..., 1:]
+    rows = chunk_bmm(lower, torch.cat([w[0], w[1]], dim=-1))       # (X, n, C, 2)
+    row_b = chunk_bmm(t, w[1]) - rows[..., 1:]
     for i, (row, col) in enumerate(((rows[..., :1], col_f), (row_b, col_b))):
         d_cum[i] += row - w[i] * col                           # exponent x_i - x_j
         if d_w is not None:

@@ -17,56 +17,16 @@ once for all backends, in linvit.ops.definitions.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import logging
 
 import torch
 
+from linvit.ops.backends import resolve_backend
 from linvit.ops.definitions import FEATURES, NORMALISER_EPS, feature
 from linvit.ops.fused_torch import fused_linear_attention
 
 log = logging.getLogger("linvit")
-
-BACKENDS = ("auto", "reference", "torch", "triton")
-_BACKEND = contextvars.ContextVar("linvit_linear_attention_backend", default="auto")
-
-
-@contextlib.contextmanager
-def backend(name: str):
-    """Force the backend of every linear-attention core called inside the block."""
-    if name not in BACKENDS:
-        raise ValueError(f"unknown linear-attention backend {name!r}; allowed: {BACKENDS}")
-    token = _BACKEND.set(name)
-    try:
-        yield
-    finally:
-        _BACKEND.reset(token)
-
-
-@functools.cache
-def triton_available() -> bool:
-    try:
-        import linvit.ops.triton_kernels  # noqa: F401
-    except Exception as exc:              # no triton, or a triton that cannot load here
-        # A missing triton is expected (CPU installs); any other failure would turn Triton off
-        # unnoticed, so it is said once.
-        if not (isinstance(exc, ModuleNotFoundError) and exc.name == "triton"):
-            log.warning("linear attention: Triton kernels unavailable (%s: %s); using the fused "
-                        "PyTorch path", type(exc).__name__, exc)
-        return False
-    return True
-
-
-def resolve_backend(t: torch.Tensor) -> str:
-    name = _BACKEND.get()
-    if name == "auto":
-        return "triton" if t.is_cuda and triton_available() else "torch"
-    if name == "triton" and not triton_available():
-        raise RuntimeError("backend 'triton' requested but triton cannot be imported")
-    return name
-
 
 def _triton_fits(q: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the Triton kernels take these head dims (only asked once triton has loaded)."""

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from linvit.ops.backends import resolve_backend
 from linvit.ops.definitions import compute_dtype
-from linvit.ops.linear_attention import resolve_backend
 
 
 def _no_autocast(t: torch.Tensor):

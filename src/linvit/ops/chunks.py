@@ -1,0 +1,15 @@
+"""What the chunked CPU paths (gated scan, delta rule) share: products over (batch, chunk) axes."""
+from __future__ import annotations
+
+import torch
+
+
+def chunk_bmm(a: torch.Tensor, b: torch.Tensor, spent: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b over the two leading axes, (X, n, r, s) @ (X, n, s, t) -> (X, n, r, t), as one bmm.
+    Written into `spent`, a buffer nothing needs any more, when it has the result's shape: fresh
+    memory costs page faults that cost as much as the product. Not differentiable: for the
+    autograd Functions' own forward and backward passes."""
+    shape = (*a.shape[:-1], b.shape[-1])
+    out = spent if spent is not None and spent.shape == shape else a.new_empty(shape)
+    torch.bmm(a.flatten(0, 1), b.flatten(0, 1), out=out.flatten(0, 1))
+    return out
