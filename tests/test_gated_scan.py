@@ -19,6 +19,8 @@ from linvit.attention.mamba2 import A_INIT, DT_INIT, Mamba2Attention
 from linvit.ops import gated_scan as gs
 from linvit.ops.backends import backend, triton_available
 from linvit.ops.gated_scan import CHUNK, MAX_STEP_DECAY, gated_scan, gated_scan_map
+from linvit.ops.gated_scan import chunked as gs_chunked
+from linvit.ops.gated_scan import fla as gs_fla
 
 B, H, D = 2, 3, 24
 F64 = torch.float64
@@ -105,7 +107,7 @@ def test_grouped_chunk_scan_is_the_plain_recursion(reverse):
             want[:, order[0]] = x[:, order[0]]
             for p, c in zip(order, order[1:]):
                 want[:, c] = gamma[:, c] * want[:, p] + x[:, c]
-            got = gs._linear_scan(x, gamma, reverse, torch.full_like(x, math.nan))
+            got = gs_chunked._linear_scan(x, gamma, reverse, torch.full_like(x, math.nan))
             torch.testing.assert_close(got, want, msg=f"n={n}, width={width}")
 
 
@@ -155,12 +157,12 @@ def fake_fla(module):
 
 @pytest.mark.parametrize("scalar, strict", [(False, False), (True, True)])
 def test_the_fla_path_flips_the_backward_half_back(scalar, strict, monkeypatch):
-    """_fla_scan with a stand-in kernel: the batch-stacked directions, the flip back, and (strict)
+    """fla_scan with a stand-in kernel: the batch-stacked directions, the flip back, and (strict)
     the key/value shift must reproduce the double sum."""
-    monkeypatch.setattr(gs, "fla_kernel", lambda module, name: fake_fla(module))
+    monkeypatch.setattr(gs_fla, "fla_kernel", lambda module, name: fake_fla(module))
     q, k, v, log_a, scales, _ = inputs(9, scalar, key_scale=scalar, decay_scale=1.0)
-    q32, k32, v32, decays, scales32 = gs._prepare(q, k, v, log_a, scales, 1.0)
-    got = gs._fla_scan(q32 * 0.7, gs._directions(k32, scales32), v32, decays, strict)
+    q32, k32, v32, decays, scales32 = gs.prepare(q, k, v, log_a, scales, 1.0)
+    got = gs_fla.fla_scan(q32 * 0.7, gs.directions(k32, scales32), v32, decays, strict)
     torch.testing.assert_close(got, independent_sum(q, k, v, log_a, scales, strict))
 
 
@@ -205,7 +207,7 @@ def test_per_channel_floor_is_part_of_the_definition():
 
 @pytest.mark.skipif(not triton_available(), reason="backend 'triton' needs triton importable")
 def test_triton_backend_without_cuda_tensors_takes_the_chunks_and_says_so_once(caplog):
-    gs._warn_no_fla.cache_clear()
+    gs_fla._warn_no_fla.cache_clear()
     case = inputs(30, scalar=False)
     with caplog.at_level(logging.WARNING, logger="linvit"):
         got = [run(scan("triton", False), *case) for _ in range(2)]
@@ -215,7 +217,7 @@ def test_triton_backend_without_cuda_tensors_takes_the_chunks_and_says_so_once(c
 
 
 def has_fla() -> bool:
-    return torch.cuda.is_available() and gs.fla_kernel("gla", "chunk_gla") is not None
+    return torch.cuda.is_available() and gs_fla.fla_kernel("gla", "chunk_gla") is not None
 
 
 @pytest.mark.skipif(not has_fla(), reason="needs CUDA and flash-linear-attention")

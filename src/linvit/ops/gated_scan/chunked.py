@@ -1,144 +1,36 @@
-"""Bidirectional gated linear attention: tensors in, tensors out (GLA's and Mamba-2/SSD's core).
-
-Per head, with log-decays log a_i per key channel (GLA) or one per head (SSD), the forward scan is
-
-    S_i = diag(a_i) S_{i-1} + k_i v_i^T,    o_i = q_i^T S_i        (inclusive: j <= i)
-
-and the backward scan the same recursion run from the last token with its own log-decays. In map
-form, with b_i = sum_{t<=i} log a_t (forward) and c_i = sum_{t>=i} log a_t (backward):
-
-    M_F[i, j] = [j <= i] sum_d q_id k_jd exp(b_id - b_jd)
-    M_B[i, j] = [j >= i] sum_d q_id k_jd exp(c_id - c_jd)
-
-`gated_scan` returns scale (o_F + o_B) = scale (M_F + M_B) V, `gated_scan_map` the map. Both
-directions' inputs come stacked on a leading axis of 2: log_a (2, B, H, N, Dk or 1), the log-decays
-being decay_scale * log_a; key_scale (2, B, H, N, 1) multiplies each direction's keys (SSD's dt).
-With strict=True the diagonal is left out (j < i, j > i: SSD as Hydra's quasiseparable mixer).
-
-Paths, picked by linvit.ops.backends.resolve_backend:
-  reference  the recurrence token by token: the readable definition (slow: N steps);
-  torch      chunked: exact within chunks of CHUNK tokens, a state carried between them, time and
-             memory linear in N; both directions at once on shared q, k, v, with the backward
-             pass written out (_ChannelChunks, _ScalarChunks);
-  triton     fla's chunk_gla / chunk_simple_gla on CUDA when flash-linear-attention is installed,
-             otherwise the chunked path (said once).
-
-Numerics: computed in float32 (float64 kept for float64 inputs), cast back to v's dtype. Decays
-enter as differences of cumulative log-gates, and every inter-chunk exponent is <= 0. Within a
-chunk, scalar decays use the exact C x C matrix exp(b_i - b_j), masked before exp. Per-channel
-decays use the factorisation (q e^b)(k e^-b)^T, which needs e^-b finite: they are floored at
--MAX_STEP_DECAY per token, in every path alike (a deliberate part of the definition), so that
-|b| <= CHUNK * MAX_STEP_DECAY <= EXP_BOUND within a chunk whatever the gates.
-"""
+"""The CPU path: exact within chunks, a state carried between them, time and memory linear in N;
+both directions at once on shared q, k, v, with the backward pass written out (_ChannelChunks for
+per-channel decays, _ScalarChunks for one decay per head)."""
 from __future__ import annotations
 
-import functools
-import inspect
-import logging
 import math
 
 import torch
 import torch.nn.functional as F
 
-from linvit.ops.backends import resolve_backend
-from linvit.ops.bidirectional import (
-    TOKENS,
-    fla_kernel,
-    from_fla,
-    split_directions,
-    stack_directions,
-    to_fla,
-)
 from linvit.ops.chunks import chunk_bmm
-from linvit.ops.definitions import compute_dtype
-
-log = logging.getLogger("linvit")
-
-# 64 measured fastest on the CPU (32 and 128 each ~12% slower at N=4096): the C^2 intra-chunk
-# work grows with C, the states' traffic and the sequential loop shrink.
-CHUNK = 64
-MAX_STEP_DECAY = 1.0       # per-channel log-decays are floored at -1 per token (a >= 0.37)
-EXP_BOUND = 64.0           # e^-b <= e^64 ~ 6e27 within a chunk (float32 overflows past e^88)
-assert CHUNK * MAX_STEP_DECAY <= EXP_BOUND, "chunk too long for the per-channel decay floor"
+from linvit.ops.gated_scan.definition import directions
 
 
-
-def floor_decays(log_a: torch.Tensor, decay_scale: float = 1.0) -> torch.Tensor:
-    """The definition's floor: per-channel log-decays decay_scale * log_a below -MAX_STEP_DECAY
-    are raised to it. Off CUDA the clamp (and its backward) is skipped where nothing reaches the
-    floor, the usual case; on CUDA it always runs, as asking would wait for the device."""
-    floor = -MAX_STEP_DECAY / decay_scale
-    if log_a.shape[-1] == 1 or not (log_a.is_cuda or log_a.min() < floor):
-        return log_a
-    return log_a.clamp_min(floor)
-
-
-def _prepare(q, k, v, log_a, key_scale, decay_scale):
-    """q, k, v, log_a (floored) and key scales in the compute dtype."""
-    dtype = compute_dtype(v)
-    scales = None if key_scale is None else key_scale.to(dtype)
-    return (q.to(dtype), k.to(dtype), v.to(dtype), floor_decays(log_a.to(dtype), decay_scale),
-            scales)
-
-
-def _directions(k, key_scale):
-    """The keys of each direction, (k_F, k_B)."""
-    return (k, k) if key_scale is None else (k * key_scale[0], k * key_scale[1])
-
-
-def gated_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_a: torch.Tensor,
-               key_scale: torch.Tensor | None = None, strict: bool = False, scale: float = 1.0,
-               decay_scale: float = 1.0) -> torch.Tensor:
-    """scale (o_F + o_B), (B, H, N, Dv) in v's dtype. q, k (B, H, N, Dk); v (B, H, N, Dv); log_a
-    (2, B, H, N, Dk or 1), decay_scale > 0 and decay_scale * log_a <= 0; key_scale
-    (2, B, H, N, 1) or None."""
-    q32, k32, v32, log_a, scales = _prepare(q, k, v, log_a, key_scale, decay_scale)
-    name = resolve_backend(q)
-    if name == "reference":
-        keys, decays = _directions(k32, scales), decay_scale * log_a
-        out = scale * (_recurrence(q32, keys[0], v32, decays[0], strict, reverse=False)
-                       + _recurrence(q32, keys[1], v32, decays[1], strict, reverse=True))
-    elif name == "triton" and _fla_usable(q, log_a):
-        out = _fla_scan(q32 * scale, _directions(k32, scales), v32, decay_scale * log_a, strict)
-    else:
-        out = _chunked(q32, k32, v32, log_a, scales, strict, scale, decay_scale)
-    return out.to(v.dtype)
-
-
-# --- reference: the recurrence, token by token ----------------------------------------------
-def _recurrence(q, k, v, log_a, strict: bool, reverse: bool) -> torch.Tensor:
-    B, H, N, Dk = q.shape
-    state = q.new_zeros(B, H, Dk, v.shape[-1])                       # S, (B, H, Dk, Dv)
-    out = [None] * N
-    for i in (reversed(range(N)) if reverse else range(N)):
-        state = log_a[:, :, i].exp().unsqueeze(-1) * state           # diag(a_i) S
-        if strict:                                                    # o_i before k_i v_i^T
-            out[i] = (q[:, :, i].unsqueeze(-2) @ state).squeeze(-2)
-        state = state + k[:, :, i].unsqueeze(-1) * v[:, :, i].unsqueeze(-2)
-        if not strict:
-            out[i] = (q[:, :, i].unsqueeze(-2) @ state).squeeze(-2)
-    return torch.stack(out, dim=TOKENS)
-
-
-# --- torch: chunked, both directions at once ----------------------------------------------------
-def _chunked(q, k, v, log_a, scales, strict: bool, scale: float, decay_scale: float):
-    """Tokens in chunks, (B, H, N, d) -> (B*H, n, CHUNK, d); zero keys pad the tail, cut off at
+def chunked_scan(q, k, v, log_a, scales, strict: bool, scale: float, decay_scale: float,
+                 chunk: int):
+    """Tokens in chunks, (B, H, N, d) -> (B*H, n, chunk, d); zero keys pad the tail, cut off at
     the end. Both directions share q, k, v here: no flipped copies."""
     B, H, N, _ = q.shape
-    n = -(-N // CHUNK)
+    n = -(-N // chunk)
 
     def blocks(t):
-        t = F.pad(t, (0, 0, 0, n * CHUNK - N)) if n * CHUNK != N else t
-        return t.reshape(*t.shape[:-4], B * H, n, CHUNK, t.shape[-1])
+        t = F.pad(t, (0, 0, 0, n * chunk - N)) if n * chunk != N else t
+        return t.reshape(*t.shape[:-4], B * H, n, chunk, t.shape[-1])
 
     q, k, v, log_a = blocks(q), blocks(k), blocks(v), blocks(log_a)
     if log_a.shape[-1] == 1:
         weights = None if scales is None else blocks(scales)
         out = _ScalarChunks.apply(q, k, v, log_a, weights, scale, decay_scale, strict)
     else:
-        k_f, k_b = (k, k) if scales is None else _directions(k, blocks(scales))
+        k_f, k_b = (k, k) if scales is None else directions(k, blocks(scales))
         out = _ChannelChunks.apply(q, k_f, k_b, v, log_a, scale, decay_scale, strict)
-    return out.view(B, H, n * CHUNK, -1)[:, :, :N]
+    return out.view(B, H, n * chunk, -1)[:, :, :N]
 
 
 def _cumulative(log_a, decay_scale: float, transpose: bool = False) -> torch.Tensor:
@@ -410,90 +302,3 @@ def _scalar_mix_grad(d_cum, d_w, d_mix, dec, weights, strict: bool):
         d_cum[i] += row - w[i] * col                           # exponent x_i - x_j
         if d_w is not None:
             d_w[i] += col
-
-
-# --- explicit map ------------------------------------------------------------------------------
-def gated_scan_map(q: torch.Tensor, k: torch.Tensor, log_a: torch.Tensor,
-                   key_scale: torch.Tensor | None = None, strict: bool = False,
-                   scale: float = 1.0, decay_scale: float = 1.0) -> torch.Tensor:
-    """scale (M_F + M_B), (B, H, N, N), in float32 (float64 for float64 inputs): out = map @ v."""
-    q, k, _, log_a, scales = _prepare(q, k, k, log_a, key_scale, decay_scale)
-    keys = _directions(k, scales)
-    N = q.shape[2]
-    lower = torch.ones(N, N, dtype=torch.bool, device=q.device).tril(-1 if strict else 0)
-    # cumulative sums in float64: over thousands of tokens float32 loses the small differences
-    # that near-diagonal entries need
-    decays = decay_scale * log_a.double()
-    b = decays[0].cumsum(TOKENS)
-    c = decays[1].flip(TOKENS).cumsum(TOKENS).flip(TOKENS)
-    return scale * (_direction_map(q, keys[0], b, lower) + _direction_map(q, keys[1], c, lower.T))
-
-
-def _direction_map(q, k, b, mask) -> torch.Tensor:
-    """sum_d q_id k_jd exp(b_id - b_jd) where mask, else 0 (exponent masked before exp)."""
-    if b.shape[-1] == 1:
-        diff = torch.where(mask, b - b.transpose(-1, -2), -math.inf)
-        return (q @ k.transpose(-1, -2)) * diff.to(q.dtype).exp()
-    B, H, N, Dk = q.shape
-    out = q.new_zeros(B, H, N, N)
-    step = max(1, 2 ** 24 // (B * H * N * N))       # channels at a time: bounded memory
-    for s in range(0, Dk, step):
-        bs = b[..., s:s + step]
-        diff = torch.where(mask[..., None], bs.unsqueeze(3) - bs.unsqueeze(2), -math.inf)
-        out = out + torch.einsum("bhid,bhjd,bhijd->bhij", q[..., s:s + step], k[..., s:s + step],
-                                 diff.to(q.dtype).exp())
-    return out
-
-
-# --- triton backend: fla's causal chunk kernels, both directions in one call ---------------------
-def _fla_usable(q: torch.Tensor, log_a: torch.Tensor) -> bool:
-    if not q.is_cuda:
-        _warn_no_fla("tensors are not on CUDA")
-        return False
-    module = "simple_gla" if log_a.shape[-1] == 1 else "gla"
-    if fla_kernel(module, f"chunk_{module}") is None:
-        _warn_no_fla("flash-linear-attention is not installed")
-        return False
-    return True
-
-
-@functools.cache
-def _warn_no_fla(reason: str) -> None:
-    log.warning("gated scan: %s; using the chunked PyTorch path", reason)
-
-
-def _fla_scan(q, keys, v, decays, strict: bool) -> torch.Tensor:
-    """fla's kernels are causal: both directions as one batch, the backward half flipped."""
-    qs, ks = stack_directions(q, q), stack_directions(*keys)
-    vs, gs = stack_directions(v, v), stack_directions(*decays)
-    if strict:
-        # o_i = sum_{j<i} ... exp(b_i - b_j): an inclusive scan of keys and values shifted one
-        # token later, each key carrying the step's decay a_{j+1} that the shift skips
-        ks = _shift(ks) * gs.exp()
-        vs = _shift(vs)
-    module = "simple_gla" if gs.shape[-1] == 1 else "gla"
-    kernel = fla_kernel(module, f"chunk_{module}")
-    g = to_fla(gs).squeeze(-1) if module == "simple_gla" else to_fla(gs)   # [B, T, H(, K)]
-    # fla before 0.2 took head-first layouts by default: say ours explicitly where it asks
-    extra = {"head_first": False} if "head_first" in inspect.signature(kernel).parameters else {}
-    out, _ = kernel(to_fla(qs), to_fla(ks), to_fla(vs), g=g, scale=1.0, **extra)
-    forward, backward = split_directions(from_fla(out))
-    return forward + backward
-
-
-def _shift(t: torch.Tensor) -> torch.Tensor:
-    """Tokens moved one later, a zero first: (B, H, N, d)."""
-    return F.pad(t, (0, 0, 1, 0))[:, :, :-1]
-
-
-def chunked_core_flops(tokens: int, dk: int, dv: int, scalar: bool = False) -> float:
-    """Forward FLOPs of both directions of one head on the chunked path (multiply-add = 2), per
-    chunk of C tokens: the states W = K^T V (2 C Dk Dv per direction), the inter-chunk outputs
-    P E (2 C Dk Dv per direction), the intra-chunk matrices (per-channel: P K^T per direction,
-    2 C^2 Dk each; scalar: one q k^T, 2 C^2 Dk) and their product with V (2 C^2 Dv, once), and
-    the cumulative log-gates as triangular matmuls (2 C^2 per channel and direction). The state
-    recursion, decays and masks are elementwise."""
-    padded = -(-tokens // CHUNK) * CHUNK
-    channels = 1 if scalar else dk
-    scores = (1 if scalar else 2) * 2.0 * CHUNK * dk
-    return padded * (8.0 * dk * dv + scores + 2.0 * CHUNK * dv + 4.0 * CHUNK * channels)
