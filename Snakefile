@@ -1,7 +1,7 @@
 # linvit ablation workflow: teacher -> distill -> finetune cells -> collect -> tables, figures, report.
 # `snakemake dense` adds the dense tasks (UperNet, Mask R-CNN) on chosen backbones.
-# The grid, paths, CLI arguments and code-dependency map come from linvit (src/linvit/grid.py,
-# src/linvit/deps.py); rules here only wire them.
+# The grid, paths, CLI arguments and code-dependency map come from linvit.workflow (grid.py,
+# deps.py); rules here only wire them.
 import sys
 from pathlib import Path
 
@@ -12,7 +12,7 @@ min_version("9.0")
 # This checkout's src/, whatever is installed (jobs get the same through PYTHONPATH).
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from linvit import grid  # noqa: E402
+from linvit.workflow import grid  # noqa: E402
 
 
 # The embedded default grid, unless --configfile gives a whole grid of its own (merging the two
@@ -42,7 +42,7 @@ include: "workflow/rules/robustness.smk"
 # The executor and its settings are known only once the run starts (not while this file is
 # read): on SLURM, refuse a job-status command the cluster cannot answer before submitting.
 onstart:
-    from linvit import cluster
+    from linvit.workflow import cluster
 
     cluster.check_executor(getattr(workflow.executor_plugin, "name", None),
                            workflow.executor_settings)

@@ -1,7 +1,7 @@
 """The package structure: an import graph without cycles, stages that do not reach into each other.
 
-Built from linvit.deps' static import graph (every import in a file, lazy ones included), so what
-the workflow's code-dependency map sees is what these tests check.
+Built from linvit.workflow.deps' static import graph (every import in a file, lazy ones included),
+so what the workflow's code-dependency map sees is what these tests check.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from linvit import deps
+from linvit.workflow import deps
 
 # Packages that are stages of the pipeline; shared code lives outside them (runs/, render/,
 # config.py, models/, data/, attention/, ops/, io.py, errors.py, trees.py).
@@ -127,3 +127,11 @@ def test_error_classes_are_imported_from_errors_only():
                     and any(a.name in names for a in node.names)):
                 wrong.append(f"{path.relative_to(deps.SRC_ROOT)}:{node.lineno} ({node.module})")
     assert not wrong, "error classes not imported from linvit.errors: " + ", ".join(wrong)
+
+
+def test_nothing_but_the_workflow_reaches_into_the_workflow_package():
+    """linvit/workflow/ serves Snakemake alone: no stage, no core module and not the CLI imports
+    it (a job checks its code stamp with linvit.code_digests)."""
+    reached = {unit(src) for src, targets in deps.import_graph().items()
+               if any(unit(t) == "workflow" for t in targets)}
+    assert not reached - {"workflow"}, sorted(reached - {"workflow"})

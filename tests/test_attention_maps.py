@@ -16,12 +16,13 @@ import pandas as pd
 import pytest
 import torch
 
-from linvit import cli, deps
+from linvit import cli
 from linvit.data import get_dataset
 from linvit.models import load_model, save_model
 from linvit.models.checkpoint import load_tensors
 from linvit.report import attention_maps as figure
 from linvit.report.record import KINDS, write_record
+from linvit.workflow import deps
 
 from conftest import make_model, perturb
 from test_run_folders import one_error_line

@@ -1,6 +1,6 @@
-"""linvit.cluster: the SLURM profile's site settings and job-status command, checked before any
-submission; and how a job's processes share its allocation (linvit.runs.runtime). The cluster
-itself: tests/workflow/test_slurm.py."""
+"""linvit.workflow.cluster: the SLURM profile's site settings and job-status command, checked
+before any submission; and how a job's processes share its allocation (linvit.runs.runtime). The
+cluster itself: tests/workflow/test_slurm.py."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from linvit.cluster import (
+from linvit.errors import ConfigError
+from linvit.runs.runtime import check_gpu_share, process_threads
+from linvit.workflow.cluster import (
     SITE_SETTINGS,
     check_site_settings,
     check_status_command,
     scontrol_setting,
     unset_variables,
 )
-from linvit.errors import ConfigError
-from linvit.runs.runtime import check_gpu_share, process_threads
 
 PROFILE = Path(__file__).resolve().parents[1] / "workflow" / "profiles" / "slurm" / "config.yaml"
 

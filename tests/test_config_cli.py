@@ -103,7 +103,7 @@ def test_cli_fails_before_compute_with_exit_2(tmp_path, capsys):
 def test_a_job_refuses_code_that_changed_since_its_stamp(tmp_path, capsys):
     """The workflow passes each job its code stamp: a listed file edited (or gone) between
     planning and running fails the job, naming the file, before the command starts."""
-    from linvit import deps
+    from linvit.workflow import deps
 
     stamp = deps.code_stamp(tmp_path / "code", "pretrain", ["softmax"], [], ["fashion_mnist"])
     assert cli.main(["--code-stamp", str(stamp), "list"]) == 0

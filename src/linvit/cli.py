@@ -19,7 +19,7 @@ class Stage(NamedTuple):
 
 
 # The one table of stages: the parser, `stage_config` and the workflow's code-dependency map
-# (linvit.deps) all read it.
+# (linvit.workflow.deps) all read it.
 STAGES = {
     "pretrain": Stage("train a model from scratch (the softmax teacher, or any operator)",
                       "linvit.train.stages:run_pretrain", "linvit.train.config:PretrainConfig"),
@@ -67,7 +67,7 @@ STAGES = {
 
 def _resolve(target: str):
     """Import a stage by name: a stage's code is loaded only when it runs, and the workflow's
-    code-dependency map (linvit.deps) follows each stage's own imports."""
+    code-dependency map (linvit.workflow.deps) follows each stage's own imports."""
     import importlib
 
     module, name = target.split(":")
@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "shared among them)")
     parser.add_argument("--code-stamp", metavar="FILE",
                         help="refuse to run unless the source files this code stamp lists "
-                             "(linvit.deps.code_stamp) are what it records: the workflow's "
-                             "check that its jobs run the code they were planned with")
+                             "(linvit.workflow.deps.code_stamp) are what it records: the "
+                             "workflow's check that its jobs run the code they were planned with")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, stage in STAGES.items():
         p = sub.add_parser(name, help=stage.help, description=stage.help)
@@ -122,8 +122,8 @@ def relaunch_distributed(nproc: int, argv: list[str]) -> None:
 
 def code_stamp_problem(stamp: str) -> str | None:
     """Why this job must not run the code it finds (None: it is the code the workflow planned
-    with; see linvit.deps.code_stamp)."""
-    from linvit.memo import digest_mismatches
+    with; see linvit.workflow.deps.code_stamp)."""
+    from linvit.code_digests import digest_mismatches
 
     try:
         changed = digest_mismatches(Path(stamp).read_text())

@@ -27,8 +27,8 @@ import yaml
 from linvit.attention import OPERATORS, check_options
 from linvit.data import DATASETS
 from linvit.errors import ConfigError
+from linvit.found_files import note_checked
 from linvit.io import load_yaml
-from linvit.memo import note_checked
 from linvit.models import SIZES, ModelSpec
 from linvit.trees import deep_merge
 

@@ -1,7 +1,7 @@
 """`linvit list`: every registry and its entries (operators, sizes, datasets, losses, strategies).
 
-Its own module, resolved by name from the CLI, so that a stage's code-dependency map (linvit.deps)
-does not take in every registry through the CLI."""
+Its own module, resolved by name from the CLI, so that a stage's code-dependency map
+(linvit.workflow.deps) does not take in every registry through the CLI."""
 from __future__ import annotations
 
 from linvit.attention import OPERATORS

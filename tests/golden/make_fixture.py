@@ -28,10 +28,17 @@ import struct
 import zlib
 from pathlib import Path
 
-from linvit.grid import Cell, cell_dir, distill_dir, expand_grid, grid_document, teacher_dir
 from linvit.io import sha256_file, write_json, write_text, write_yaml
 from linvit.report.record import write_record
 from linvit.runs.rundir import MARKER, STAGE_FILES, owned_names
+from linvit.workflow.grid import (
+    Cell,
+    cell_dir,
+    distill_dir,
+    expand_grid,
+    grid_document,
+    teacher_dir,
+)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = "fixture"                  # the results folder, relative to the folder holding it

@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 import yaml
 
-from linvit import deps, grid
 from linvit.attention import OPERATORS
 from linvit.config import load_config
 from linvit.errors import ConfigError
@@ -20,6 +19,7 @@ from linvit.report.collect import results_frame
 from linvit.report.tables import format_cell, main_table
 from linvit.robustness.shifts import SHIFTS
 from linvit.transfer.config import FinetuneConfig
+from linvit.workflow import deps, grid
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -281,7 +281,7 @@ def test_a_code_stamp_lists_its_jobs_files_and_is_rewritten_only_when_they_chang
     import hashlib
     from functools import cache
 
-    from linvit import memo
+    from linvit import code_digests
 
     def stamp(operators=("softmax", "focused")):
         deps.memoise_in(None)                           # a new workflow start
@@ -292,7 +292,7 @@ def test_a_code_stamp_lists_its_jobs_files_and_is_rewritten_only_when_they_chang
     files = deps.stage_sources("finetune", ["softmax", "focused"], [], ["fashion_mnist"])
     # new: as old as its newest file (a lost .snakemake reruns nothing); the code as planned
     assert path.stat().st_mtime_ns == max(f.stat().st_mtime_ns for f in files)
-    assert memo.digest_mismatches(path.read_text()) == []
+    assert code_digests.digest_mismatches(path.read_text()) == []
     assert [line.split("  ")[1] for line in lines] == [str(f.relative_to(deps.SRC_ROOT))
                                                       for f in files]
     for line in lines:
@@ -300,16 +300,16 @@ def test_a_code_stamp_lists_its_jobs_files_and_is_rewritten_only_when_they_chang
         assert digest == hashlib.sha256((deps.SRC_ROOT / name).read_bytes()).hexdigest(), name
     os.utime(path, ns=(0, 0))
     assert stamp(["focused", "softmax", "focused"]) == path and path.stat().st_mtime_ns == 0
-    digests = memo.file_digests()
-    monkeypatch.setattr(memo, "file_digests", cache(
+    digests = code_digests.file_digests()
+    monkeypatch.setattr(code_digests, "file_digests", cache(
         lambda: {**digests, "linvit/attention/linear.py": "0" * 64}))
     assert stamp() == path and path.stat().st_mtime_ns == 0       # not one of its files
-    monkeypatch.setattr(memo, "file_digests", cache(
+    monkeypatch.setattr(code_digests, "file_digests", cache(
         lambda: {**digests, "linvit/attention/focused.py": "0" * 64}))
     assert stamp() == path and path.stat().st_mtime_ns > 0
     assert f"{'0' * 64}  linvit/attention/focused.py" in path.read_text().splitlines()
     # a job planned with that stamp refuses to run the real focused.py
-    assert memo.digest_mismatches(path.read_text()) == ["linvit/attention/focused.py"]
+    assert code_digests.digest_mismatches(path.read_text()) == ["linvit/attention/focused.py"]
     other = stamp(["softmax", "linear"])
     assert other != path and other.parent != path.parent     # a folder each (_write_stamp: why)
     deps.memoise_in(None)
@@ -423,11 +423,11 @@ def test_teacher_axis_makes_selects_and_probes_each_teacher(tmp_path, monkeypatc
 
 
 def test_a_stored_config_verdict_holds_only_for_its_config_code_and_files(tmp_path, monkeypatch):
-    """A workflow start reuses the last successful check (linvit.memo) instead of building every
-    job's config again; another config or code, or a file the check found gone since, is checked
-    anew, and a failed check is not stored."""
+    """A workflow start reuses the last successful check (linvit.workflow.memo) instead of
+    building every job's config again; another config or code, or a file the check found gone
+    since, is checked anew, and a failed check is not stored."""
     import linvit.config
-    from linvit import memo
+    from linvit.workflow import memo
     config, snakefile = teacher_axis_config(tmp_path), str(ROOT / "Snakefile")
     built, load = [], linvit.config.load_config
     monkeypatch.setattr(linvit.config, "load_config",
@@ -465,7 +465,7 @@ def test_a_stored_config_verdict_holds_only_for_its_config_code_and_files(tmp_pa
 
 
 def test_a_memo_key_ignores_key_order_but_not_types():
-    from linvit.memo import key_of
+    from linvit.workflow.memo import key_of
     a = {"x": [1, {"b": 2.0, "a": None}], 1: "one"}            # keys of mixed types are fine
     assert key_of(a) == key_of({1: "one", "x": [1, {"a": None, "b": 2.0}]})
     assert key_of(a) != key_of({"1": "one", "x": [1, {"b": 2.0, "a": None}]})
@@ -475,8 +475,8 @@ def test_a_memo_key_ignores_key_order_but_not_types():
 
 def test_a_workflow_start_with_stored_answers_does_not_import_torch(tmp_path):
     """What every Snakemake start evaluates, the config check and the code map, is read back from
-    linvit.memo without importing the registries (and so torch) or parsing the package (~5 s per
-    start), and the code map read back is the one the registries and the imports give."""
+    linvit.workflow.memo without importing the registries (and so torch) or parsing the package
+    (~5 s per start), and the code map read back is the one the registries and the imports give."""
     import json
     import subprocess
     import sys
@@ -484,7 +484,7 @@ def test_a_workflow_start_with_stored_answers_does_not_import_torch(tmp_path):
     script = f"""
 import json, sys
 from pathlib import Path
-from linvit import deps, grid
+from linvit.workflow import deps, grid
 parsed, parse = [], deps._imports
 deps._imports = lambda path: parsed.append(path) or parse(path)
 memo = Path({str(tmp_path / "memo")!r})

@@ -1,5 +1,6 @@
-# Shared wiring: the grid from linvit.grid, the code-dependency map from linvit.deps, and the
-# command every job runs. Jobs use this checkout's src/ (PYTHONPATH), whatever is installed.
+# Shared wiring: the grid from linvit.workflow.grid, the code-dependency map from
+# linvit.workflow.deps, and the command every job runs. Jobs use this checkout's src/
+# (PYTHONPATH), whatever is installed.
 #
 # Shell commands quote every substitution ({x:q}); the only unquoted ones are complete argument
 # strings built with shlex (grid.*_args, PYTHON), so no path or name can split or run a command.
@@ -13,7 +14,7 @@ from snakemake_interface_executor_plugins.settings import ExecMode
 
 SRC = Path(workflow.basedir) / "src"
 
-from linvit import cluster, deps  # noqa: E402   (grid: imported by the Snakefile)
+from linvit.workflow import cluster, deps  # noqa: E402   (grid: imported by the Snakefile)
 
 # A profile's site settings ($LINVIT_SLURM_PARTITION, ...) must be set before any job is planned
 # (and so before the config check, the slow part of planning a large grid).
@@ -21,7 +22,7 @@ cluster.check_site_settings(cluster.resource_expressions(workflow.resource_setti
 
 # What every start would otherwise recompute, importing the registries and so torch (seconds): the
 # config check's verdict and the code map, kept per code version in the working directory's
-# Snakemake folder (linvit.memo), which cluster jobs share.
+# Snakemake folder (linvit.workflow.memo), which cluster jobs share.
 MEMO = Path.cwd() / ".snakemake" / "linvit"
 deps.memoise_in(MEMO)
 

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Each step lives in its own module and is imported only when it runs, so the workflow's
-# code-dependency map (linvit.deps) ties a step to its module alone.
+# code-dependency map (linvit.workflow.deps) ties a step to its module alone.
 COMMANDS = {"record": "linvit.report.record", "collect": "linvit.report.collect",
             "tables": "linvit.report.tables", "figures": "linvit.report.figures",
             "attention": "linvit.report.attention_maps", "report": "linvit.report.document",

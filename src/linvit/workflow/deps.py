@@ -15,10 +15,11 @@ import os
 from functools import cache
 from pathlib import Path
 
-from linvit import memo
+from linvit import code_digests
 from linvit.io import write_text
+from linvit.workflow import memo
 
-PACKAGE_ROOT = memo.PACKAGE_ROOT                         # src/linvit
+PACKAGE_ROOT = code_digests.PACKAGE_ROOT                         # src/linvit
 SRC_ROOT = PACKAGE_ROOT.parent                           # src
 
 @cache
@@ -90,14 +91,14 @@ _memo_dir: Path | None = None
 
 
 def memoise_in(folder: Path | None) -> None:
-    """Store the import graph and the registries' member files in `folder` (linvit.memo), keyed by
-    the code: a later Snakemake start, and every one that runs a single job (in a cluster job, or
-    for a `run:` rule), reads them back instead of parsing every file and importing the
+    """Store the import graph and the registries' member files in `folder` (linvit.workflow.memo),
+    keyed by the code: a later Snakemake start, and every one that runs a single job (in a cluster
+    job, or for a `run:` rule), reads them back instead of parsing every file and importing the
     registries, and so torch."""
     global _memo_dir
     _memo_dir = folder
     for cached in (_code_facts, import_graph, registry_members, _stage_sources, _write_stamp,
-                   memo.file_digests, memo.code_version):
+                   code_digests.file_digests, memo.code_version):
         cached.cache_clear()
 
 
@@ -217,7 +218,7 @@ def _write_stamp(folder: Path, stage: str, operators: tuple, losses: tuple,
     # during that build, so a new one in a shared, already listed folder would be "missing".
     path = folder / f"{stage}-{name}" / "sources.sha256"
     text = (f"# the source files (under src/) that a linvit job of stage `{stage}` runs\n"
-            + memo.digest_lines(files))
+            + code_digests.digest_lines(files))
     try:
         old = path.read_text()
     except OSError:

@@ -20,9 +20,10 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from linvit import memo
+from linvit import found_files
 from linvit.transfer.strategies import get_strategy
 from linvit.trees import deep_merge, flatten
+from linvit.workflow import memo
 
 NO_LOSS = "none"
 
@@ -378,7 +379,7 @@ def _check_teachers(config: dict) -> None:
         if file is not None and not Path(file).is_file():
             raise ConfigError(f"{where}.file: file not found: {file}")
         if file is not None:
-            memo.note_checked(file)
+            found_files.note_checked(file)
 
 
 def job_arguments(config: dict, existing_file: str) -> list[tuple[str, str, str]]:
@@ -427,8 +428,8 @@ def check_config(config: dict, existing_file: str, memo_dir: Path | None = None)
     """Names, registries, cross-references and every job's resolved linvit config, before any job
     runs: each job's exact overrides are built into its stage's config (the paper grid's ~400
     jobs take about a second). With `memo_dir`, a verdict stored there for the same config, code
-    and environment is reused while the files it found are still there (linvit.memo): no torch
-    import, no rebuild."""
+    and environment is reused while the files it found are still there (linvit.workflow.memo): no
+    torch import, no rebuild."""
     if memo_dir is None:
         return _check_config(config, existing_file)
     key = memo.key_of({"config": config, "existing_file": existing_file,
@@ -436,7 +437,7 @@ def check_config(config: dict, existing_file: str, memo_dir: Path | None = None)
     found = memo.load(memo_dir, "config_check", key) or {}
     if memo.all_still_files(found.get("files")):
         return
-    with memo.recording() as files:
+    with found_files.recording() as files:
         _check_config(config, existing_file)
     memo.store(memo_dir, "config_check", key, {"files": sorted(set(files))})
 

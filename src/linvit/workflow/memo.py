@@ -1,5 +1,6 @@
 """What a workflow start computes once per version of linvit's code and then reuses: the config
-check's verdict and the code map (linvit.deps: the package's import graph, the registries' files).
+check's verdict and the code map (linvit.workflow.deps: the package's import graph, the
+registries' files).
 
 Every Snakemake start evaluates the Snakefile: the one that plans a run checks every job's config,
 and every one (the one inside a cluster job too, and the one Snakemake spawns for a `run:` rule)
@@ -8,9 +9,9 @@ classes, and the map parses every source file: seconds per start, paid again on 
 unchanged grid and twice per cluster job. Stored here instead, keyed by everything they depend on
 (the code of src/linvit, byte for byte; the config; the interpreter and the torch, timm and
 PyYAML versions), they are read back without importing torch. A key that differs recomputes and
-replaces the entry; a verdict is also refused when a file it found has gone since (`note_checked`
-records them), so a deleted teacher file is still named before any job. Only successful checks
-are stored.
+replaces the entry; a verdict is also refused when a file it found has gone since
+(`linvit.found_files` records them), so a deleted teacher file is still named before any job.
+Only successful checks are stored.
 
 The folder is the workflow's `.snakemake/linvit` (Snakemake's state folder, in the working
 directory that cluster jobs share). Nothing outside it is written; a folder that cannot be written
@@ -22,41 +23,12 @@ import contextlib
 import hashlib
 import json
 import sys
-from collections.abc import Iterator
 from functools import cache
 from importlib import metadata
 from pathlib import Path
 
-from linvit.io import sha256_file, write_text
-
-PACKAGE_ROOT = Path(__file__).resolve().parent          # src/linvit
-_recorders: list[list[str]] = []
-
-
-@cache
-def file_digests() -> dict[str, str]:
-    """The sha256 of every source file of the package, by its path under src/ ("linvit/io.py")."""
-    return {path.relative_to(PACKAGE_ROOT.parent).as_posix(): sha256_file(path)
-            for path in sorted(PACKAGE_ROOT.rglob("*.py"))}
-
-
-def digest_lines(paths) -> str:
-    """`sha256sum`'s format for the given paths under src/: one "<sha256>  <path>" line each."""
-    digests = file_digests()
-    return "".join(f"{digests[p]}  {p}\n" for p in paths)
-
-
-def digest_mismatches(text: str) -> list[str]:
-    """The paths of `digest_lines` text (lines starting with # are comments) whose file under
-    src/ is gone or no longer has the recorded sha256, read afresh from disk."""
-    changed = []
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            digest, name = line.split("  ", 1)
-            file = PACKAGE_ROOT.parent / name
-            if not file.is_file() or sha256_file(file) != digest:
-                changed.append(name)
-    return changed
+from linvit.code_digests import digest_lines, file_digests
+from linvit.io import write_text
 
 
 @cache
@@ -113,23 +85,6 @@ def store(folder: Path | None, name: str, key: str, value) -> None:
         return
     with contextlib.suppress(OSError):
         write_text(Path(folder) / f"{name}.json", json.dumps({"key": key, "value": value}))
-
-
-def note_checked(path) -> None:
-    """Record a file a config check found (see `recording`)."""
-    for files in _recorders:
-        files.append(str(path))
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[list[str]]:
-    """The files that checks inside the block found to exist (`note_checked`)."""
-    files: list[str] = []
-    _recorders.append(files)
-    try:
-        yield files
-    finally:
-        _recorders.remove(files)
 
 
 def all_still_files(paths) -> bool:

@@ -1,0 +1,36 @@
+"""The sha256 of linvit's own source files: what a workflow job's code stamp records
+(linvit.workflow.deps) and what the CLI checks before it runs the job (`--code-stamp`)."""
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from linvit.io import sha256_file
+
+PACKAGE_ROOT = Path(__file__).resolve().parent          # src/linvit
+
+
+@cache
+def file_digests() -> dict[str, str]:
+    """The sha256 of every source file of the package, by its path under src/ ("linvit/io.py")."""
+    return {path.relative_to(PACKAGE_ROOT.parent).as_posix(): sha256_file(path)
+            for path in sorted(PACKAGE_ROOT.rglob("*.py"))}
+
+
+def digest_lines(paths) -> str:
+    """`sha256sum`'s format for the given paths under src/: one "<sha256>  <path>" line each."""
+    digests = file_digests()
+    return "".join(f"{digests[p]}  {p}\n" for p in paths)
+
+
+def digest_mismatches(text: str) -> list[str]:
+    """The paths of `digest_lines` text (lines starting with # are comments) whose file under
+    src/ is gone or no longer has the recorded sha256, read afresh from disk."""
+    changed = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            digest, name = line.split("  ", 1)
+            file = PACKAGE_ROOT.parent / name
+            if not file.is_file() or sha256_file(file) != digest:
+                changed.append(name)
+    return changed
