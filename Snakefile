@@ -12,13 +12,13 @@ min_version("9.0")
 # This checkout's src/, whatever is installed (jobs get the same through PYTHONPATH).
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from linvit.workflow import grid  # noqa: E402
+from linvit.workflow import check, grid  # noqa: E402
 
 
 # The embedded default grid, unless --configfile gives a whole grid of its own (merging the two
 # would hide what the file lacks, so one without a grid key is refused); --config key=value
 # overrides apply either way.
-if grid.use_shipped_grid(config, workflow.overwrite_configfiles):
+if check.use_shipped_grid(config, workflow.overwrite_configfiles):
 
     configfile: "config/config.yaml"
 

@@ -19,7 +19,7 @@ from linvit.report.collect import results_frame
 from linvit.report.tables import format_cell, main_table
 from linvit.robustness.shifts import SHIFTS
 from linvit.transfer.config import FinetuneConfig
-from linvit.workflow import deps, grid
+from linvit.workflow import check, dense_jobs, deps, grid
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ def test_job_arguments_are_valid_linvit_configs(tmp_path):
     assert 'distill.losses={"attn_map_ce": 1.0, "attn_out_mse": 1.0}' in distill
 
 
-NAME_RULE = f"allowed: {grid.NAME_PATTERN}"
+NAME_RULE = f"allowed: {check.NAME_PATTERN}"
 
 
 def test_each_distillation_gets_exactly_its_loss_design(tmp_path):
@@ -130,7 +130,7 @@ def test_each_distillation_gets_exactly_its_loss_design(tmp_path):
 def test_check_config_names_the_field(change, message):
     config = {k: v for k, v in {**default_config(), **change}.items() if v is not None}
     with pytest.raises(ConfigError, match=re.escape(message)):
-        grid.check_config(config, str(ROOT / "Snakefile"))
+        check.check_config(config, str(ROOT / "Snakefile"))
 
 
 def test_grid_names_allow_every_registry_name():
@@ -138,13 +138,13 @@ def test_grid_names_allow_every_registry_name():
     from linvit.models import SIZES
     from linvit.transfer.strategies import STRATEGIES
     for name in [*OPERATORS, *SIZES, *STRATEGIES, "map+out", "fashion_mnist", "v1.2"]:
-        assert re.fullmatch(grid.NAME_PATTERN, name), name
+        assert re.fullmatch(check.NAME_PATTERN, name), name
 
 
 def test_schema_repeats_the_grid_rules():
     schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
-    assert schema["$defs"]["name"]["pattern"] == grid.NAME_PATTERN
-    assert tuple(schema["required"]) == grid.GRID_KEYS
+    assert schema["$defs"]["name"]["pattern"] == check.NAME_PATTERN
+    assert tuple(schema["required"]) == check.GRID_KEYS
 
 
 def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
@@ -157,13 +157,13 @@ def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
     monkeypatch.setattr(linvit.config, "load_config",
                         lambda cls, path, overrides: built.append((cls.__name__, overrides))
                         or load(cls, path, overrides))
-    grid.check_config(config, str(ROOT / "Snakefile"))
+    check.check_config(config, str(ROOT / "Snakefile"))
     cells = grid.expand_grid(config)
     counts = {name: sum(1 for n, _ in built if n == name) for name, _ in built}
     assert counts == {"PretrainConfig": len(grid.teachers(config, cells)),
                       "DistillConfig": len(grid.distillations(cells)),
-                      "FinetuneConfig": len(cells) + len(grid.dense_cells(config, cells)),
-                      "ScenesConfig": 1, "DenseConfig": len(grid.dense_jobs(config, cells)),
+                      "FinetuneConfig": len(cells) + len(dense_jobs.dense_cells(config, cells)),
+                      "ScenesConfig": 1, "DenseConfig": len(dense_jobs.dense_jobs(config, cells)),
                       "BenchConfig": 1, "MapsConfig": len(grid.attention_models(config, cells)),
                       "CorruptConfig": len(config["datasets"]),
                       "RobustnessConfig": len(grid.teachers(config, cells)) + len(cells)}
@@ -173,17 +173,17 @@ def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
     focused = {**default_config(), "operators": ["focused"], "reference_strategies": [],
                "stages": {"finetune": {"model": {"operator_options": {"focusing_factor": 2.0}}}}}
     del focused["loss_grid"], focused["dense"]
-    grid.check_config(focused, str(ROOT / "Snakefile"))
+    check.check_config(focused, str(ROOT / "Snakefile"))
 
 
 def test_check_config_covers_the_paper_grid():
     config = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
-    jobs = grid.job_arguments(config, str(ROOT / "Snakefile"))
+    jobs = check.job_arguments(config, str(ROOT / "Snakefile"))
     cells = grid.expand_grid(config)
     maps = grid.attention_models(config, cells)
     assert maps[0] == grid.MAPS_TEACHER and len(maps) == 1 + len(config["operators"])
     robustness = len(config["datasets"]) + len(grid.teachers(config, cells)) + len(cells)
-    dense = 1 + len(grid.dense_jobs(config, cells))            # scenes + the dense jobs
+    dense = 1 + len(dense_jobs.dense_jobs(config, cells))            # scenes + the dense jobs
     assert len(jobs) == (len(grid.imports(config, cells)) + len(grid.teachers(config, cells))
                          + len(grid.distillations(cells)) + len(cells)
                          + len(maps) + 1 + robustness + dense)
@@ -196,7 +196,7 @@ def test_check_config_covers_the_paper_grid():
     assert {a[0] for a in dense_args} == {"segment", "detect"}
     shifts = {o for _, _, args in jobs for o in shlex.split(args) if o.startswith("shifts.")}
     assert {o.split("=")[0] for o in shifts} == {f"shifts.{name}" for name in SHIFTS}
-    grid.check_config(config, str(ROOT / "Snakefile"))
+    check.check_config(config, str(ROOT / "Snakefile"))
 
 
 def test_paper_grid_lists_every_operator_of_the_registry():
@@ -209,24 +209,25 @@ def test_a_map_loss_for_an_operator_without_a_stochastic_map_is_refused_before_a
     config = {**default_config(), "operators": [signed], "main_loss": "map"}
     del config["loss_grid"], config["dense"]
     with pytest.raises(ConfigError, match=f"stages.distill .*attn_map_ce.*'{signed}' has a"):
-        grid.check_config(config, str(ROOT / "Snakefile"))
+        check.check_config(config, str(ROOT / "Snakefile"))
 
 
 def test_a_configfile_must_define_the_whole_grid():
-    assert grid.use_shipped_grid({}, [])                       # no --configfile: shipped grid
-    assert grid.use_shipped_grid({"results": "x"}, [])         # --config overrides go on top
-    assert not grid.use_shipped_grid(default_config(), ["mine.yaml"])
+    assert check.use_shipped_grid({}, [])                       # no --configfile: shipped grid
+    assert check.use_shipped_grid({"results": "x"}, [])         # --config overrides go on top
+    assert not check.use_shipped_grid(default_config(), ["mine.yaml"])
     partial = {k: v for k, v in default_config().items() if k not in ("datasets", "seeds")}
     with pytest.raises(ConfigError, match=re.escape("mine.yaml: no datasets, seeds (a "
                                                     "--configfile replaces the shipped grid")):
-        grid.use_shipped_grid(partial, ["mine.yaml"])
+        check.use_shipped_grid(partial, ["mine.yaml"])
 
 
 def test_dense_backbones_of_dotted_loss_names_round_trip():
     cell = grid.Cell("fashion_mnist", "t", "cpu96", "linear", "copy_mlp+distill", "map.v2", 1)
-    job = grid.DenseJob("segment", "fashion_mnist", "t", "cpu96", grid.backbone_label(cell))
+    job = dense_jobs.DenseJob("segment", "fashion_mnist", "t", "cpu96",
+                              dense_jobs.backbone_label(cell))
     assert job.cell == cell and job.seed == 1 and job.key()["seed"] == 1
-    teacher = grid.DenseJob("segment", "fashion_mnist", "t", "cpu96", "teacher.seed3")
+    teacher = dense_jobs.DenseJob("segment", "fashion_mnist", "t", "cpu96", "teacher.seed3")
     assert teacher.cell is None and teacher.seed == 3
     assert teacher.key() == {"task": "segment", "dataset": "fashion_mnist", "teacher": "t",
                              "size": "cpu96", "operator": "softmax", "init": "teacher",
@@ -240,10 +241,10 @@ def test_every_dense_job_trains_its_heads_with_its_own_seed():
     config["dense"] = {**config["dense"], "seeds": [0, 2]}
     config["dense"]["stages"] = {**config["dense"]["stages"], "detect": {
         **config["dense"]["stages"]["detect"], "run": {"seed": 7}}}
-    jobs = grid.dense_jobs(config, grid.expand_grid(config))
+    jobs = dense_jobs.dense_jobs(config, grid.expand_grid(config))
     assert {j.backbone for j in jobs if j.cell is None} == {"teacher.seed0", "teacher.seed2"}
     for job in jobs:
-        args = shlex.split(grid.dense_args(config, job, "m.safetensors", "scenes", "out"))
+        args = shlex.split(dense_jobs.dense_args(config, job, "m.safetensors", "scenes", "out"))
         assert f"run.seed={job.seed}" in args, (job, args)
 
 
@@ -415,7 +416,7 @@ def test_teacher_axis_makes_selects_and_probes_each_teacher(tmp_path, monkeypatc
     monkeypatch.setattr(linvit.config, "load_config",
                         lambda cls, path, overrides: built.append(cls.__name__)
                         or load(cls, path, overrides))
-    grid.check_config(config, str(ROOT / "Snakefile"))
+    check.check_config(config, str(ROOT / "Snakefile"))
     assert {n: built.count(n) for n in ("PretrainConfig", "SelectConfig", "ImportConfig",
                                         "ProbeConfig")} == {"PretrainConfig": 2, "SelectConfig": 1,
                                                             "ImportConfig": 1, "ProbeConfig": 1}
@@ -437,7 +438,7 @@ def test_a_stored_config_verdict_holds_only_for_its_config_code_and_files(tmp_pa
     def checked(cfg) -> bool:
         """Whether check_config built the jobs' configs (rather than reuse a verdict)."""
         before = len(built)
-        grid.check_config(cfg, snakefile, tmp_path / "memo")
+        check.check_config(cfg, snakefile, tmp_path / "memo")
         return len(built) > before
 
     assert checked(config) and not checked(config)
@@ -454,10 +455,10 @@ def test_a_stored_config_verdict_holds_only_for_its_config_code_and_files(tmp_pa
     del config["teachers"]["deit"]
     stand_in = tmp_path / "stand-in"
     stand_in.write_text("")
-    grid.check_config(config, str(stand_in), tmp_path / "memo")
+    check.check_config(config, str(stand_in), tmp_path / "memo")
     stand_in.unlink()
     with pytest.raises(ConfigError, match="file not found: .*stand-in"):
-        grid.check_config(config, str(stand_in), tmp_path / "memo")
+        check.check_config(config, str(stand_in), tmp_path / "memo")
     # an entry of the right key but another shape (edited by hand) is checked anew
     entry = tmp_path / "memo" / "config_check.json"
     entry.write_text(entry.read_text().replace('"files"', '"other"'))
@@ -484,12 +485,12 @@ def test_a_workflow_start_with_stored_answers_does_not_import_torch(tmp_path):
     script = f"""
 import json, sys
 from pathlib import Path
-from linvit.workflow import deps, grid
+from linvit.workflow import check, deps
 parsed, parse = [], deps._imports
 deps._imports = lambda path: parsed.append(path) or parse(path)
 memo = Path({str(tmp_path / "memo")!r})
 deps.memoise_in(memo)
-grid.check_config(json.loads(Path({str(tmp_path / "config.json")!r}).read_text()),
+check.check_config(json.loads(Path({str(tmp_path / "config.json")!r}).read_text()),
                   {str(ROOT / "Snakefile")!r}, memo)
 files = deps.stage_sources("finetune", ["linear", "gla"], ["attn_map_ce"], ["fashion_mnist"])
 print(json.dumps([sorted(m for m in ("torch", "linvit.attention") if m in sys.modules),
@@ -532,37 +533,37 @@ def test_adapter_interactions_that_do_not_fit_a_dense_backbone_are_refused_befor
     config["dense"] = {**config["dense"], "neck": "adapter", "adapter": {"interactions": [[0, 2]]}}
     with pytest.raises(ConfigError,
                        match=r"dense.adapter \(job dense/.*end at block 2, the ViT has 6 blocks"):
-        grid.check_config(config, str(ROOT / "Snakefile"))
+        check.check_config(config, str(ROOT / "Snakefile"))
     config["dense"]["adapter"] = {"interactions": [[0, 2], [3, 5]]}
-    grid.check_config(config, str(ROOT / "Snakefile"))
+    check.check_config(config, str(ROOT / "Snakefile"))
 
 
 def test_the_report_has_the_dense_section_when_asked_or_once_it_exists(tmp_path):
     config = default_config()
     results = str(tmp_path)
-    assert grid.dense_in_report(config, results) == []
-    assert grid.dense_in_report({**config, "dense": {**config["dense"], "in_all": True}},
+    assert dense_jobs.dense_in_report(config, results) == []
+    assert dense_jobs.dense_in_report({**config, "dense": {**config["dense"], "in_all": True}},
                                 results) == [f"{results}/dense.md"]
     (tmp_path / "dense.md").write_text("## Dense tasks\n")
-    assert grid.dense_in_report(config, results) == [f"{results}/dense.md"]
-    assert grid.dense_in_report({**config, "dense": None}, results) == []
+    assert dense_jobs.dense_in_report(config, results) == [f"{results}/dense.md"]
+    assert dense_jobs.dense_in_report({**config, "dense": None}, results) == []
 
 
 def test_dense_seeds_beyond_the_grid_s_add_backbone_cells_for_the_dense_sub_grid_only():
     config = {**default_config(), "seeds": [0]}
     config["dense"] = {**config["dense"], "operators": ["linear"], "seeds": [0, 1]}
     cells = grid.expand_grid(config)
-    extra = grid.dense_cells(config, cells)
+    extra = dense_jobs.dense_cells(config, cells)
     assert {(c.operator, c.init, c.seed) for c in extra} == {
         ("linear", init, 1) for init in config["dense"]["strategies"]}
     assert not set(extra) & set(cells)
-    finetunes = {where for field, where, _ in grid.job_arguments(config, str(ROOT / "Snakefile"))
+    finetunes = {where for field, where, _ in check.job_arguments(config, str(ROOT / "Snakefile"))
                  if field == "stages.finetune"}
     assert {grid.cell_dir("", c).lstrip("/") for c in extra} <= finetunes
-    backbones = {j.backbone for j in grid.dense_jobs(config, cells) if j.task == "segment"}
+    backbones = {j.backbone for j in dense_jobs.dense_jobs(config, cells) if j.task == "segment"}
     assert backbones == {"teacher.seed0", "teacher.seed1"} | {
-        grid.backbone_label(c) for c in extra} | {
-        grid.backbone_label(c) for c in cells if c.operator == "linear" and c.seed == 0
+        dense_jobs.backbone_label(c) for c in extra} | {
+        dense_jobs.backbone_label(c) for c in cells if c.operator == "linear" and c.seed == 0
         and c.init in config["dense"]["strategies"] and c.loss in ("none", config["main_loss"])}
 
 

@@ -14,7 +14,7 @@ from snakemake_interface_executor_plugins.settings import ExecMode
 
 SRC = Path(workflow.basedir) / "src"
 
-from linvit.workflow import cluster, deps  # noqa: E402   (grid: imported by the Snakefile)
+from linvit.workflow import cluster, dense_jobs, deps  # noqa: E402   (grid, check: the Snakefile)
 
 # A profile's site settings ($LINVIT_SLURM_PARTITION, ...) must be set before any job is planned
 # (and so before the config check, the slow part of planning a large grid).
@@ -30,7 +30,7 @@ deps.memoise_in(MEMO)
 # one job (--mode remote in the batch script, subprocess under srun) read the same config: checking
 # it again would import the whole training stack twice per job, for nothing.
 if workflow.exec_mode == ExecMode.DEFAULT:
-    grid.check_config(config, str(Path(workflow.basedir) / "Snakefile"), MEMO)
+    check.check_config(config, str(Path(workflow.basedir) / "Snakefile"), MEMO)
 
 RESULTS = config["results"]
 CELLS = grid.expand_grid(config)

@@ -1,12 +1,12 @@
 # Dense tasks (target `dense`): embedded scenes, then UperNet and Mask R-CNN fine-tuned on the
 # backbones of the teacher and of chosen cells; their own table, figure and dense.md.
-DENSE = grid.dense_jobs(config, CELLS)
+DENSE = dense_jobs.dense_jobs(config, CELLS)
 DENSE_OF = {j.backbone: j for j in DENSE}
 SCENES = f"{RESULTS}/scenes"
 
 
 def dense_job(wc):
-    return grid.DenseJob(wc.task, wc.dataset, wc.teacher, wc.size, wc.backbone)
+    return dense_jobs.DenseJob(wc.task, wc.dataset, wc.teacher, wc.size, wc.backbone)
 
 
 def backbone_dir(wc):
@@ -22,7 +22,7 @@ rule scenes:
     log:
         f"{RESULTS}/logs/scenes.log",
     params:
-        args=lambda wc: grid.scenes_args(config, SCENES),
+        args=lambda wc: dense_jobs.scenes_args(config, SCENES),
     shell:
         "{LINVIT} {params.args} > {log:q} 2>&1"
 
@@ -30,8 +30,8 @@ rule scenes:
 rule dense_job:
     input:
         backbone=lambda wc: f"{backbone_dir(wc)}/record.json",
-        scenes=lambda wc: [f"{SCENES}/MANIFEST.json"] if grid.dense_uses_scenes(config, wc.task)
-        else [],
+        scenes=lambda wc: [f"{SCENES}/MANIFEST.json"]
+        if dense_jobs.dense_uses_scenes(config, wc.task) else [],
         code=lambda wc: code(wc.task, ["softmax", dense_job(wc).key()["operator"]], [],
                              [registry_dataset(wc.dataset)]),
     output:
@@ -44,11 +44,11 @@ rule dense_job:
         task="segment|detect",
     params:
         kind="dense",
-        dir=lambda wc: grid.dense_dir(RESULTS, dense_job(wc)),
+        dir=lambda wc: dense_jobs.dense_dir(RESULTS, dense_job(wc)),
         key=lambda wc: json.dumps(dense_job(wc).key()),
-        args=lambda wc: grid.dense_args(config, dense_job(wc),
+        args=lambda wc: dense_jobs.dense_args(config, dense_job(wc),
                                         f"{backbone_dir(wc)}/model.safetensors", SCENES,
-                                        grid.dense_dir(RESULTS, dense_job(wc))),
+                                        dense_jobs.dense_dir(RESULTS, dense_job(wc))),
     threads: 1
     resources:
         **RUN_RESOURCES,
@@ -58,7 +58,7 @@ rule dense_job:
 
 rule dense_collect:
     input:
-        records=[f"{grid.dense_dir(RESULTS, j)}/record.json" for j in DENSE],
+        records=[f"{dense_jobs.dense_dir(RESULTS, j)}/record.json" for j in DENSE],
         code=code("collect"),
     output:
         f"{RESULTS}/dense/results.csv",

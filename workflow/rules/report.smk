@@ -175,7 +175,7 @@ rule report:
                                name=FIGURES + ["attention_maps"])),
         bench=[f"{RESULTS}/bench/record.json"] if config.get("bench") else [],
         robustness=[f"{RESULTS}/robustness.md"] if grid.robustness_section(config) else [],
-        dense=grid.dense_in_report(config, RESULTS),
+        dense=dense_jobs.dense_in_report(config, RESULTS),
         code=code("report"),
     output:
         in_report(f"{RESULTS}/report.md", "report_md", "Report", document="report.md"),

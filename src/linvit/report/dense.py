@@ -26,7 +26,7 @@ COLUMNS = [("segment", "mIoU"), ("segment", "aAcc"), ("detect", "box_AP"),
            ("detect", "mask_AP")]
 CAPTION = "Dense tasks: UperNet mIoU / aAcc and Mask R-CNN box / mask AP (%) by backbone"
 REFERENCE = "random"
-TEACHER = "teacher"            # the init of the teacher's own rows (grid.TEACHER_BACKBONE)
+TEACHER = "teacher"            # the init of the teacher's own rows (dense_jobs.TEACHER_BACKBONE)
 GAP_CAPTION = ("Dense tasks: gain of each student and of the softmax teacher over the random-init "
                "student of the same operator (points), paired by seed (the heads' seed; a "
                "student's is also its backbone's): mean ± 95% CI, then each seed's gain")

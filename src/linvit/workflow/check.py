@@ -1,0 +1,255 @@
+"""The workflow config check, before any job runs: grid names usable as folders and CLI words,
+registry names, teacher entries and their files, and every job's resolved linvit config, built
+as its stage would build it. A successful verdict is stored per config, code and environment
+(linvit.workflow.memo) and reused while the files it found are still there."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from linvit import found_files
+from linvit.workflow import memo
+from linvit.workflow.dense_jobs import (
+    dense_args,
+    dense_cells,
+    dense_dir,
+    dense_jobs,
+    scenes_args,
+)
+from linvit.workflow.grid import (
+    MAPS_TEACHER,
+    attention_models,
+    attention_panel,
+    bench_args,
+    cell_dir,
+    corrupt_args,
+    corrupt_datasets,
+    corrupt_dir,
+    distill_args,
+    distill_dir,
+    distillations,
+    expand_grid,
+    finetune_args,
+    import_args,
+    import_dir,
+    imports,
+    maps_args,
+    maps_dir,
+    robustness_args,
+    robustness_dir,
+    robustness_section,
+    robustness_targets,
+    teacher_args,
+    teacher_dir,
+    teacher_specs,
+    teacher_stage,
+    teachers,
+)
+
+# Grid names become folder names, wildcards and command-line words: a letter or digit first (no
+# leading '-' or '.'), then no slash, space, quote or shell character; '+' for strategies such as
+# copy_mlp+distill. workflow/schemas/config.schema.yaml repeats this pattern (a test holds them
+# equal).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
+# The keys that make a config a grid: the schema's `required` (a test holds them equal).
+GRID_KEYS = ("datasets", "sizes", "operators", "strategies", "seeds", "losses", "main_loss")
+
+
+def use_shipped_grid(config: dict, configfiles: list) -> bool:
+    """Whether the Snakefile loads the shipped grid (config/config.yaml): only without --configfile.
+
+    A --configfile replaces the shipped grid rather than being merged onto it, so one that lacks
+    a grid key is refused instead of silently borrowing the shipped grid's datasets or sizes.
+    """
+    from linvit.errors import ConfigError  # (linvit.config imports the training stack)
+
+    if not configfiles:
+        return True
+    missing = [k for k in GRID_KEYS if k not in config]
+    if missing:
+        raise ConfigError(f"{', '.join(map(str, configfiles))}: no {', '.join(missing)} (a "
+                          "--configfile replaces the shipped grid, config/config.yaml, so it "
+                          "must define the whole grid)")
+    return False
+
+
+def grid_names(config: dict) -> dict[str, list]:
+    """Every name that becomes a path part or a command-line word, by config field."""
+    sub, dense = config.get("loss_grid") or {}, config.get("dense") or {}
+    return {"datasets": list(config["datasets"]), "sizes": config["sizes"],
+            "operators": config["operators"], "strategies": config["strategies"],
+            "reference_strategies": config.get("reference_strategies", []),
+            "losses": list(config["losses"]), "main_loss": [config["main_loss"]],
+            "loss_grid.operators": sub.get("operators", []),
+            "loss_grid.strategies": sub.get("strategies", []),
+            "loss_grid.losses": sub.get("losses", []),
+            "teachers": list(teacher_specs(config)),
+            "dense.operators": dense.get("operators", []),
+            "dense.strategies": dense.get("strategies", [])}
+
+
+def check_names(config: dict) -> None:
+    """Grid keys present, grid names safe, and a results path Snakemake can put in patterns."""
+    from linvit.errors import ConfigError
+
+    missing = [k for k in GRID_KEYS if k not in config]
+    if missing:
+        raise ConfigError(f"{missing[0]}: required")
+    for field, values in grid_names(config).items():
+        bad = [v for v in values if not (isinstance(v, str) and re.fullmatch(NAME_PATTERN, v))]
+        if bad:
+            raise ConfigError(f"{field}: {bad[0]!r} is not an allowed name (names become folders "
+                              f"and command-line words; allowed: {NAME_PATTERN})")
+    results = config.get("results", "results")
+    if not isinstance(results, str) or not results or re.search(r"[{}\n]", results):
+        raise ConfigError(f"results: {results!r} must be a non-empty path without braces or "
+                          "newlines (Snakemake reads braces in output paths as wildcards)")
+
+
+def _check_registries(config: dict) -> None:
+    from linvit.attention import OPERATORS
+    from linvit.data import DATASETS
+    from linvit.errors import ConfigError
+    from linvit.models import SIZES
+    from linvit.transfer.losses import LOSSES
+    from linvit.transfer.strategies import STRATEGIES
+
+    def names(field, values, allowed):
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise ConfigError(f"{field}: {bad} not in: {', '.join(map(str, allowed))}")
+
+    sub = config.get("loss_grid") or {}
+    names("sizes", config["sizes"], SIZES)
+    names("operators", config["operators"] + sub.get("operators", []), OPERATORS)
+    names("strategies", config["strategies"] + config.get("reference_strategies", [])
+          + sub.get("strategies", []), STRATEGIES)
+    names("main_loss / loss_grid.losses", [config["main_loss"], *sub.get("losses", [])],
+          config["losses"])
+    for design, weights in config["losses"].items():
+        names(f"losses.{design}", weights, LOSSES)
+    for name, data in config["datasets"].items():
+        names(f"datasets.{name}.dataset", [data["dataset"]], DATASETS)
+    for name, spec in teacher_specs(config).items():
+        names(f"teachers.{name}.size", [spec["size"]] if spec.get("size") else [], SIZES)
+        names(f"teachers.{name}.students", spec.get("students") or [], config["sizes"])
+
+
+def _check_teachers(config: dict) -> None:
+    """Each teacher is fully described, and imported weight files exist now, not only when their
+    job starts."""
+    from linvit.errors import ConfigError
+
+    for name, spec in teacher_specs(config).items():
+        where = f"teachers.{name}"
+        if spec["source"] == "timm" and not spec.get("size"):
+            raise ConfigError(f"{where}.size: required for a timm teacher (its architecture)")
+        if spec["source"] == "pretrain" and spec.get("students") and not spec.get("size"):
+            raise ConfigError(f"{where}.students: needs {where}.size (the size it is trained at)")
+        for key in ("file", "layout", "timm_name", "headless", "probe"):
+            if spec["source"] != "timm" and spec.get(key) is not None:
+                raise ConfigError(f"{where}.{key}: only for a timm teacher (source: timm)")
+        file = spec.get("file")
+        if file is not None and not Path(file).is_file():
+            raise ConfigError(f"{where}.file: file not found: {file}")
+        if file is not None:
+            found_files.note_checked(file)
+
+
+def job_arguments(config: dict, existing_file: str) -> list[tuple[str, str, str]]:
+    """(config field, job folder, CLI arguments) of every job the workflow can run, built by the
+    functions the rules call, with `existing_file` standing in for checkpoints not yet made and
+    its folder for the dense scenes."""
+    cells, x = expand_grid(config), existing_file
+    jobs = [(f"teachers.{t}", import_dir("", d, t, s), import_args(config, d, t, "x"))
+            for d, t, s in imports(config, cells)]
+    jobs += [(_teacher_field(config, t, s), teacher_dir("", d, t, s),
+              teacher_args(config, d, t, s, x, "x")) for d, t, s in teachers(config, cells)]
+    trained = cells + dense_cells(config, cells)
+    jobs += [(f"stages.distill / losses.{k[4]}", distill_dir("", *k),
+              distill_args(config, *k, x, "x")) for k in distillations(trained)]
+    jobs += [("stages.finetune", cell_dir("", c),
+              finetune_args(config, c, x, x if c.needs_distill else None, "x")) for c in trained]
+    panel = attention_panel(config)
+    jobs += [("figures", maps_dir("", *panel, m),
+              maps_args(config, panel[0], x, None if m == MAPS_TEACHER else x, "x"))
+             for m in attention_models(config, cells)]
+    if config.get("dense"):
+        jobs.append(("dense.scenes", "scenes", scenes_args(config, "x")))
+        jobs += [(f"dense.stages.{j.task}", dense_dir("", j),
+                  dense_args(config, j, x, str(Path(x).parent), "x"))
+                 for j in dense_jobs(config, cells)]
+    if config.get("bench"):
+        jobs.append(("bench", "bench", bench_args(config, "x")))
+    if robustness_section(config):
+        jobs += [("robustness.corruptions", corrupt_dir("", d), corrupt_args(config, d, "x"))
+                 for d in corrupt_datasets(config)]
+        corrupted = x if corrupt_datasets(config) else None
+        jobs += [("robustness", robustness_dir("", *t, c), robustness_args(config, t[0], x,
+                                                                         corrupted, "x"))
+                 for *t, c in robustness_targets(config, cells)]
+    return [(field, where.lstrip("/"), args) for field, where, args in jobs]
+
+
+def _teacher_field(config: dict, teacher: str, size: str) -> str:
+    """The config field a teacher job's arguments come from, for error messages."""
+    if teacher_stage(config, teacher, size) == "pretrain" and not config.get("teachers"):
+        return "stages.teacher"
+    return f"teachers.{teacher}"
+
+
+def check_config(config: dict, existing_file: str, memo_dir: Path | None = None) -> None:
+    """Names, registries, cross-references and every job's resolved linvit config, before any job
+    runs: each job's exact overrides are built into its stage's config (the paper grid's ~400
+    jobs take about a second). With `memo_dir`, a verdict stored there for the same config, code
+    and environment is reused while the files it found are still there (linvit.workflow.memo): no
+    torch import, no rebuild."""
+    if memo_dir is None:
+        return _check_config(config, existing_file)
+    key = memo.key_of({"config": config, "existing_file": existing_file,
+                       "environment": memo.environment()})
+    found = memo.load(memo_dir, "config_check", key) or {}
+    if memo.all_still_files(found.get("files")):
+        return
+    with found_files.recording() as files:
+        _check_config(config, existing_file)
+    memo.store(memo_dir, "config_check", key, {"files": sorted(set(files))})
+
+
+def _check_config(config: dict, existing_file: str) -> None:
+    from linvit.cli import stage_config
+    from linvit.config import load_config
+    from linvit.errors import ConfigError
+
+    check_names(config)
+    _check_registries(config)
+    _check_teachers(config)
+    jobs = job_arguments(config, existing_file)
+    built = {}
+    for field, where, args in jobs:
+        stage, _, _, _, *overrides = shlex.split(args)     # <stage> -o <dir> --rerun k=v ...
+        # run.threads: what the shell line of every job but the scenes adds (RUN_AND_RECORD)
+        threads = [] if stage == "make-scenes" else ["run.threads=1"]
+        try:
+            built[where] = load_config(stage_config(stage), None, [*overrides, *threads])
+        except ConfigError as e:
+            raise ConfigError(f"{field} (job {where}): {e}") from None
+    _check_dense_necks(config, built)
+
+
+def _check_dense_necks(config: dict, built: dict) -> None:
+    """ViT-Adapter's interactions and heads against each dense backbone's depth and width (a
+    stage config alone does not know its backbone's size). `built`: job folder -> config."""
+    from linvit.dense.stages import check_adapter
+    from linvit.errors import ConfigError
+    from linvit.models import SIZES
+
+    for job in dense_jobs(config, expand_grid(config)) if config.get("dense") else []:
+        where = dense_dir("", job).lstrip("/")
+        cfg = built[where]
+        if cfg.model.neck == "adapter":
+            try:
+                check_adapter(cfg.model.adapter, SIZES[job.size])
+            except ConfigError as e:
+                raise ConfigError(f"dense.adapter (job {where}): {e}") from None

@@ -1,0 +1,113 @@
+"""The dense sub-grid's jobs: UperNet and Mask R-CNN on the backbones of a teacher or of chosen
+cells, each with its seed, and the CLI overrides each job gets."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+from linvit.transfer.strategies import get_strategy
+from linvit.trees import deep_merge
+from linvit.workflow.grid import NO_LOSS, Cell, command_line, models_taught
+
+TEACHER_BACKBONE = "teacher"
+
+
+@dataclass(frozen=True)
+class DenseJob:
+    """One dense fine-tuning: a task on the backbone of a teacher or of a fine-tuned cell, with
+    heads initialised and data shuffled by the job's seed (a cell's seed; a teacher's own)."""
+    task: str
+    dataset: str
+    teacher: str
+    size: str
+    backbone: str            # "teacher.seed<seed>" or "<operator>.<init>.<loss>.seed<seed>"
+
+    @property
+    def cell(self) -> Cell | None:
+        if self.backbone.split(".")[0] == TEACHER_BACKBONE:
+            return None
+        # operators and strategies are registry names without dots; loss design names may have
+        op, init, rest = self.backbone.split(".", 2)
+        return Cell(self.dataset, self.teacher, self.size, op, init, rest.rsplit(".", 1)[0],
+                    self.seed)
+
+    @property
+    def seed(self) -> int:
+        return int(self.backbone.rsplit(".", 1)[1].removeprefix("seed"))
+
+    def key(self) -> dict:
+        c = self.cell
+        return {"task": self.task, "dataset": self.dataset, "teacher": self.teacher,
+                "size": self.size,
+                "operator": c.operator if c else "softmax",
+                "init": c.init if c else TEACHER_BACKBONE, "loss": c.loss if c else NO_LOSS,
+                "seed": self.seed}
+
+
+def backbone_label(cell: Cell) -> str:
+    return f"{cell.operator}.{cell.init}.{cell.loss}.seed{cell.seed}"
+
+
+def dense_jobs(config: dict, cells: list[Cell]) -> list[DenseJob]:
+    """The dense sub-grid: each task on each teacher model the cells use and on the backbones of
+    dense.operators x dense.strategies x dense.seeds (cells of the grid, or cells made for the
+    dense sub-grid alone: dense_cells). The teacher's backbone is one model, trained once; it
+    gets a job per seed all the same, so that its row, like the students', spreads over the
+    heads' seeds, and each student's gap to it is paired by seed."""
+    dense = config.get("dense") or {}
+    seeds = dense.get("seeds", config["seeds"][:1])
+    jobs = []
+    for task, (dataset, teacher, size) in itertools.product(dense.get("tasks", []),
+                                                            models_taught(cells)):
+        jobs += [DenseJob(task, dataset, teacher, size, f"{TEACHER_BACKBONE}.seed{seed}")
+                 for seed in seeds]
+        for op, init, seed in itertools.product(dense["operators"], dense["strategies"], seeds):
+            loss = config["main_loss"] if get_strategy(init).needs_distilled else NO_LOSS
+            cell = Cell(dataset, teacher, size, op, init, loss, seed)
+            jobs.append(DenseJob(task, dataset, teacher, size, backbone_label(cell)))
+    return jobs
+
+
+def dense_cells(config: dict, cells: list[Cell]) -> list[Cell]:
+    """Backbone cells the dense sub-grid needs beyond the grid's own (e.g. a seed the main grid
+    does not run): fine-tuned like any cell, in no table but the dense one."""
+    grid_cells = set(cells)
+    return [c for c in dict.fromkeys(j.cell for j in dense_jobs(config, cells) if j.cell)
+            if c not in grid_cells]
+
+
+def dense_dir(results: str, job: DenseJob) -> str:
+    return f"{results}/dense/{job.task}/{job.dataset}/{job.teacher}/{job.size}/{job.backbone}"
+
+
+def scenes_args(config: dict, out_dir: str) -> str:
+    return command_line("make-scenes", out_dir, dict(config["dense"].get("scenes", {})))
+
+
+def dense_stage(config: dict, task: str) -> dict:
+    """`dense.stages.<task>`: the task's linvit fields ({} when absent)."""
+    return (config["dense"].get("stages") or {}).get(task) or {}
+
+
+def dense_uses_scenes(config: dict, task: str) -> bool:
+    """Whether the task trains on the embedded scenes (else on the real folder its data names)."""
+    return dense_stage(config, task).get("data", {}).get("kind", "scenes") == "scenes"
+
+
+def dense_in_report(config: dict, results: str) -> list[str]:
+    """dense.md as a section of report.md: when `dense.in_all` asks for it (then `all` runs the
+    dense sub-grid too), or when the sub-grid has been run (`snakemake dense`), so that the
+    report keeps its dense results current."""
+    path = f"{results}/dense.md"
+    wanted = (config.get("dense") or {}).get("in_all") or Path(path).is_file()
+    return [path] if config.get("dense") and wanted else []
+
+
+def dense_args(config: dict, job: DenseJob, checkpoint: str, scenes: str, out_dir: str) -> str:
+    dense = config["dense"]
+    neck = {k: dense[k] for k in ("neck", "adapter") if k in dense}
+    tree = deep_merge({"data": {"root": scenes}, "model": neck}, dense_stage(config, job.task),
+                      {"checkpoint": checkpoint, "run": {"seed": job.seed},     # the seed axis
+                       "pretrain_dataset": config["datasets"][job.dataset]["dataset"]})
+    return command_line(job.task, out_dir, tree)
