@@ -10,9 +10,9 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from linvit.attention import OPERATORS
+from linvit.errors import CheckpointError
 from linvit.models import (
     SIZES,
-    CheckpointError,
     ModelSpec,
     create_vit,
     load_model,
