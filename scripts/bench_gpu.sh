@@ -12,8 +12,8 @@ out=${1:-results/bench_gpu}
 .venv/bin/python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'"
 # the new operators' fla paths are held to their chunked paths only where fla is installed
 # (pip install -e '.[fla]'); without it those tests are skipped and say so (-rs)
-.venv/bin/python -m pytest -q -rs -p no:cacheprovider tests/interpreted tests/test_kernels.py \
-  tests/test_gated_scan.py tests/test_delta_rule.py tests/test_ttt.py
+.venv/bin/python -m pytest -q -rs -p no:cacheprovider tests/ops/interpreted tests/ops/test_kernels.py \
+  tests/ops/test_gated_scan.py tests/ops/test_delta_rule.py tests/attention/test_ttt.py
 .venv/bin/linvit bench -o "$out" --rerun run.device=cuda "tokens=[1024,4096,16384,65536]" \
   softmax_max_tokens=65536 reference_max_tokens=65536 \
   "models.sizes=[deit_t,deit_s]" models.batch=8 tf32=true

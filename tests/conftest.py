@@ -28,7 +28,7 @@ def _one_thread():
 # The Triton kernel tests run on a GPU, or on the CPU under Triton's interpreter, which has to be
 # on before triton is first imported: test_kernels.py runs them in a process of their own.
 _KERNELS_HERE = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
-collect_ignore = [] if _KERNELS_HERE else ["interpreted"]
+collect_ignore = [] if _KERNELS_HERE else ["ops/interpreted"]
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
@@ -119,3 +119,12 @@ def pytest_collection_modifyitems(config, items):
         path = item.nodeid.split("::")[0]
         return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
     items.sort(key=rank)                       # stable: file order within each rank
+
+
+def one_error_line(capsys, command: str) -> str:
+    """The one line a refused command writes to stderr (no traceback), checked and returned."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"linvit {command}: "), err
+    assert "Traceback" not in err
+    return lines[0]

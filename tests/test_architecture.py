@@ -135,3 +135,12 @@ def test_nothing_but_the_workflow_reaches_into_the_workflow_package():
     reached = {unit(src) for src, targets in deps.import_graph().items()
                if any(unit(t) == "workflow" for t in targets)}
     assert not reached - {"workflow"}, sorted(reached - {"workflow"})
+
+
+def test_the_tests_mirror_the_packages():
+    """tests/<package>/ tests src/linvit/<package>/ (whole-project checks stay at the top)."""
+    tests = Path(__file__).resolve().parent
+    folders = {p.parent.relative_to(tests).parts[0] for p in tests.rglob("test_*.py")
+               if p.parent != tests}
+    assert folders and not folders - {p.name for p in deps.PACKAGE_ROOT.iterdir() if p.is_dir()}, \
+        sorted(folders)

@@ -26,7 +26,7 @@ from linvit.io import dumps, load_yaml, loads
 from linvit.models import ModelSpec, create_vit, save_model
 from linvit.train.config import PretrainConfig
 
-from test_run_folders import one_error_line
+from conftest import one_error_line
 
 
 def _strip_optional(tp):

@@ -22,9 +22,10 @@ import pandas as pd
 import psutil
 import pytest
 import yaml
-from local_slurm import PARTITION, LocalSlurm, Unavailable, wait_for
 from test_paper_toy import deit_tiny_file, imagenet_folder, shift_folders, toy_paper_config
 from test_snakemake import TINY, copy_project, small_config, snakemake
+
+from local_slurm import PARTITION, LocalSlurm, Unavailable, wait_for
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_dense import dense_cfg
 
 from linvit.dense.adapter_spec import check_interactions, even_interactions
 from linvit.errors import ConfigError
 from linvit.models import ModelSpec, create_vit, save_model
-from test_dense import dense_cfg
 
 from conftest import perturb
 

@@ -1,6 +1,8 @@
-"""Write tests/golden/fixture/: a small results folder as the workflow leaves it, without training.
+"""Write tests/report/golden/fixture/, a small results folder as the workflow leaves it.
 
-    python tests/golden/make_fixture.py [--out FOLDER]     (default: tests/golden/fixture)
+Nothing is trained. Usage:
+
+    python tests/report/golden/make_fixture.py [--out FOLDER]   (default: tests/report/golden)
 
 The folder mirrors the workflow's `results/` (a name git ignores, hence `fixture/`): grid.json,
 run folders (teachers/, distill/, cells/) holding what collection reads (config.yaml, train.jsonl,
@@ -222,8 +224,8 @@ def make(root: Path) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=HERE,
-                   help="the folder to hold fixture/ (default: tests/golden); its fixture/ is "
-                        "replaced")
+                   help="the folder to hold fixture/ (default: tests/report/golden); its "
+                        "fixture/ is replaced")
     root = p.parse_args(argv).out.resolve()
     if (root / RESULTS).exists():
         shutil.rmtree(root / RESULTS)

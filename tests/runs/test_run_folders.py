@@ -19,6 +19,8 @@ from linvit.report.record import make_record
 from linvit.runs import rundir
 from linvit.runs.rundir import LOCK, MARKER, verified_metrics
 
+from conftest import one_error_line
+
 
 @pytest.fixture(scope="module")
 def teacher_file(tmp_path_factory) -> Path:
@@ -35,14 +37,6 @@ def snapshot(root: Path) -> dict:
         data = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
         out[str(p.relative_to(root))] = (data, p.stat().st_mtime_ns)
     return out
-
-
-def one_error_line(capsys, command: str) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith(f"linvit {command}: "), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 def evaluate(out, teacher, mnist_root, *extra) -> int:

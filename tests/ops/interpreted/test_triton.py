@@ -2,7 +2,7 @@
 under Triton's interpreter.
 
 Collected only on a CUDA machine or when TRITON_INTERPRET=1 was set before anything imported
-triton (the interpreter cannot be switched on later): tests/test_kernels.py runs this folder in
+triton (the interpreter cannot be switched on later): tests/ops/test_kernels.py runs this folder in
 such a process.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from kernel_cases import VARIANTS, assert_match, inputs, run
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 if not (INTERPRETED or torch.cuda.is_available()):
     # named on the command line, this folder escapes conftest's collect_ignore
-    pytest.skip("needs a GPU or TRITON_INTERPRET=1 before triton's import (tests/test_kernels.py "
-                "runs this folder so)", allow_module_level=True)
+    pytest.skip("needs a GPU or TRITON_INTERPRET=1 before triton's import "
+                "(tests/ops/test_kernels.py runs this folder so)", allow_module_level=True)
 
 from linvit.ops.triton_kernels import MAX_HEAD_DIM  # noqa: E402  (after the skip: needs triton)
 

@@ -1,6 +1,6 @@
 """The fast paths of linear attention against the einsum reference, forward and backward.
 
-The Triton kernels run under Triton's CPU interpreter in a separate process (tests/interpreted):
+The Triton kernels run under Triton's CPU interpreter in a separate process (tests/ops/interpreted):
 the interpreter must be chosen before triton is first imported, and this process imported it long
 ago (through torch).
 """
@@ -135,7 +135,7 @@ def test_triton_kernels_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     # -n 0: one process (pyproject's -n 3 would start three, each importing torch, for one file)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-n", "0", str(HERE / "interpreted")], env=env, cwd=HERE.parent,
+                           "-n", "0", str(HERE / "interpreted")], env=env, cwd=HERE.parents[1],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]

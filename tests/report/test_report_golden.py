@@ -1,20 +1,20 @@
 """Golden test of the reporting chain, record -> collect -> tables -> report, on a stored results
 folder (no training, a few seconds).
 
-tests/golden/fixture/ is a small results folder as the workflow leaves it (grid.json, run folders
-with verified metrics.json, record.json per job, jobs.json listing the jobs in the workflow's
-order), written by tests/golden/make_fixture.py; tests/golden/expected/ holds what the steps must
-write from it (results.csv, curves.csv, distill_layers.csv, tables/*, report.md), compared
-byte for byte, with a diff on failure.
+tests/report/golden/fixture/ is a small results folder as the workflow leaves it (grid.json,
+run folders with verified metrics.json, record.json per job, jobs.json listing the jobs in the
+workflow's order), written by tests/report/golden/make_fixture.py; tests/report/golden/expected/
+holds what the steps must write from it (results.csv, curves.csv, distill_layers.csv,
+tables/*, report.md), compared byte for byte, with a diff on failure.
 
 After a deliberate change of the reporting output, regenerate the expected files and review the
 diff before committing it:
 
-    LINVIT_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_report_golden.py
-    git diff tests/golden/expected
+    LINVIT_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/report/test_report_golden.py
+    git diff tests/report/golden/expected
 
 After changing make_fixture.py (or what a record holds), rewrite the fixture first:
-`.venv/bin/python tests/golden/make_fixture.py`, then regenerate the expected files as above.
+`.venv/bin/python tests/report/golden/make_fixture.py`, then regenerate the expected files as above.
 """
 from __future__ import annotations
 
@@ -72,9 +72,9 @@ def test_fixture_is_what_make_fixture_writes(tmp_path):
     spec.loader.exec_module(module)
     module.make(tmp_path)
     diffs = differences(files_under(FIXTURE), files_under(tmp_path / "fixture"),
-                        "tests/golden/fixture")
-    assert not diffs, ("tests/golden/fixture is not what make_fixture.py writes; rerun "
-                       "`.venv/bin/python tests/golden/make_fixture.py` after a deliberate "
+                        "tests/report/golden/fixture")
+    assert not diffs, ("tests/report/golden/fixture is not what make_fixture.py writes; rerun "
+                       "`.venv/bin/python tests/report/golden/make_fixture.py` after a deliberate "
                        "change:\n" + "\n".join(diffs))
 
 
@@ -94,7 +94,7 @@ def test_collect_tables_report_match_the_expected_files(tmp_path, monkeypatch):
     records = {j["out"][len("fixture/"):] for j in jobs}
     diffs = differences({k: v for k, v in files_under(FIXTURE).items() if k in records},
                         {k: v for k, v in files_under(root / "fixture").items() if k in records},
-                        "tests/golden/fixture")
+                        "tests/report/golden/fixture")
     assert not diffs, "the record step no longer writes the stored records:\n" + "\n".join(diffs)
 
     before = set(files_under(root / "fixture"))
@@ -129,8 +129,9 @@ def test_collect_tables_report_match_the_expected_files(tmp_path, monkeypatch):
         for name, data in produced.items():
             (EXPECTED / name).parent.mkdir(parents=True, exist_ok=True)
             (EXPECTED / name).write_bytes(data)
-        pytest.skip("LINVIT_UPDATE_GOLDEN=1: rewrote tests/golden/expected; review its git diff")
-    diffs = differences(files_under(EXPECTED), produced, "tests/golden/expected")
-    assert not diffs, ("the reporting steps' outputs differ from tests/golden/expected (after a "
-                       "deliberate change: LINVIT_UPDATE_GOLDEN=1, see this module's "
+        pytest.skip("LINVIT_UPDATE_GOLDEN=1: rewrote tests/report/golden/expected; review its "
+                    "git diff")
+    diffs = differences(files_under(EXPECTED), produced, "tests/report/golden/expected")
+    assert not diffs, ("the reporting steps' outputs differ from tests/report/golden/expected "
+                       "(after a deliberate change: LINVIT_UPDATE_GOLDEN=1, see this module's "
                        "docstring):\n" + "\n".join(diffs))

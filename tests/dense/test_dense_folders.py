@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 from PIL import Image
-
 from test_dense import dense_cfg
 
 # COCO's 80 category ids: 1..90 without the ten the 2014 paper dropped

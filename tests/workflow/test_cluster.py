@@ -18,7 +18,7 @@ from linvit.workflow.cluster import (
     unset_variables,
 )
 
-PROFILE = Path(__file__).resolve().parents[1] / "workflow" / "profiles" / "slurm" / "config.yaml"
+PROFILE = Path(__file__).resolve().parents[2] / "workflow" / "profiles" / "slurm" / "config.yaml"
 
 SHOW_CONFIG = """Configuration data as of 2026-01-01T00:00:00
 AccountingStorageHost   = (null)
