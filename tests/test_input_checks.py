@@ -19,11 +19,12 @@ from safetensors.torch import save_file
 
 from linvit import cli
 from linvit.attention import OPERATORS
-from linvit.cli import STAGES, stage_config
+from linvit.cli import stage_config
 from linvit.config import load_config
 from linvit.errors import ConfigError
 from linvit.io import dumps, load_yaml, loads
 from linvit.models import ModelSpec, create_vit, save_model
+from linvit.stages import STAGES
 from linvit.train.config import PretrainConfig
 
 from conftest import one_error_line

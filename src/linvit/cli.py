@@ -9,60 +9,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
-
-class Stage(NamedTuple):
-    help: str
-    entry: str          # "module:function", called as function(cfg, out, replace=...)
-    config: str         # "module:Class", the stage's config dataclass
-
-
-# The one table of stages: the parser, `stage_config` and the workflow's code-dependency map
-# (linvit.workflow.deps) all read it.
-STAGES = {
-    "pretrain": Stage("train a model from scratch (the softmax teacher, or any operator)",
-                      "linvit.train.stages:run_pretrain", "linvit.train.config:PretrainConfig"),
-    "import-teacher": Stage("turn timm ViT weights (local file or timm cache) into a linvit "
-                            "teacher", "linvit.train.stages:run_import",
-                            "linvit.train.config:ImportConfig"),
-    "distill": Stage("layer-wise attention distillation from a softmax teacher",
-                     "linvit.transfer.stages:run_distill", "linvit.transfer.config:DistillConfig"),
-    "init": Stage("build a student with an init strategy and write it with its copied.json",
-                  "linvit.transfer.stages:run_init", "linvit.transfer.config:FinetuneConfig"),
-    "finetune": Stage("initialise a student with an init strategy, then fine-tune it",
-                      "linvit.transfer.stages:run_finetune",
-                      "linvit.transfer.config:FinetuneConfig"),
-    "probe": Stage("train a head for an imported teacher without one (self-supervised): "
-                   "linear probe or fine-tune", "linvit.train.stages:run_probe",
-                   "linvit.train.config:ProbeConfig"),
-    "select": Stage("cut a smaller softmax teacher out of a larger one (weight selection: first "
-                    "blocks, evenly spaced channels and heads)",
-                    "linvit.transfer.stages:run_select", "linvit.transfer.config:SelectConfig"),
-    "evaluate": Stage("evaluate a checkpoint on a dataset's test split",
-                      "linvit.train.stages:run_evaluate", "linvit.train.config:EvaluateConfig"),
-    "corrupt": Stage("a test split's fixed subset and its ImageNet-C-style corrupted copies "
-                     "(imagecorruptions), shared by a grid's robustness runs",
-                     "linvit.robustness.stages:run_corrupt",
-                     "linvit.robustness.config:CorruptConfig"),
-    "robustness": Stage("score a checkpoint on the clean test split, its corrupted copies and "
-                        "ImageNet shift sets (A, R, Sketch, V2)",
-                        "linvit.robustness.stages:run_robustness",
-                        "linvit.robustness.config:RobustnessConfig"),
-    "make-scenes": Stage("compose the embedded dense dataset from Fashion-MNIST sprites",
-                         "linvit.dense.scenes:run_make_scenes", "linvit.dense.config:ScenesConfig"),
-    "segment": Stage("UperNet semantic segmentation (mmseg) on a linvit backbone",
-                     "linvit.dense.stages:run_segment", "linvit.dense.config:DenseConfig"),
-    "detect": Stage("Mask R-CNN instance segmentation (mmdet) on a linvit backbone",
-                    "linvit.dense.stages:run_detect", "linvit.dense.config:DenseConfig"),
-    "attention-maps": Stage("head-mean attention maps of a model on its softmax teacher's "
-                            "tokens, stored for the report's figure",
-                            "linvit.transfer.maps:run_attention_maps",
-                            "linvit.transfer.config:MapsConfig"),
-    "bench": Stage("time and peak memory of every operator against tokens, and of whole models "
-                   "against resolution; prints the ratio table", "linvit.bench.stage:run_bench",
-                   "linvit.bench.config:BenchConfig"),
-}
+from linvit.stages import STAGES
 
 
 def _resolve(target: str):

@@ -4,7 +4,7 @@ Shape convention everywhere: q, k (B, H, N, Dk), v (B, H, N, Dv).
 Each core has an efficient path used in training and an explicit one that forms the (B, H, N, N)
 map multiplying V, which map-level distillation needs and the tests compare against.
 
-The efficient path has three backends that must agree (tests/test_kernels.py):
+The efficient path has three backends that must agree (tests/ops/test_kernels.py):
   reference  plain einsum + autograd: the readable definition;
   torch      one fused autograd Function in bmm (linvit.ops.fused_torch): the CPU default;
   triton     fused kernels (linvit.ops.triton_kernels): the CUDA default, for head dims up to

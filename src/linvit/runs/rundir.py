@@ -4,7 +4,7 @@
     .linvit-lock            locked (flock) by the process writing the folder
     config.yaml             the resolved config (a rerun must match it)
     run.log                 the log of every attempt
-    <the stage's files>     STAGE_FILES: train.jsonl, checkpoint.safetensors, model.safetensors, ...
+    <the stage's files>     linvit.stages: train.jsonl, checkpoint.safetensors, model.safetensors
     metrics.json            written last, with a SHA-256 of every output file
 
 A folder without the marker is never written into unless it is empty, and `--rerun` (replace)
@@ -37,6 +37,7 @@ from linvit.io import (
     write_yaml,
 )
 from linvit.runs.verify import verified_metrics
+from linvit.stages import STAGES
 from linvit.trees import non_finite
 
 MARKER = ".linvit-run"
@@ -44,26 +45,6 @@ LOCK = ".linvit-lock"
 COMMON = ("config.yaml", "run.log", "metrics.json")
 # Per stage: (outputs that a complete run must hold, other files the run writes). Outputs that
 # are files are checksummed in metrics.json; folders must exist.
-STAGE_FILES = {
-    "pretrain": (("model.safetensors", "train.jsonl"), ("checkpoint.safetensors",)),
-    "distill": (("model.safetensors", "train.jsonl", "student_init.json", "trained.json"),
-                ("checkpoint.safetensors", "init_metrics.json")),
-    "finetune": (("model.safetensors", "train.jsonl", "copied.json"),
-                 ("checkpoint.safetensors", "init_metrics.json")),
-    "init": (("model.safetensors", "copied.json"), ("init_metrics.json",)),
-    "evaluate": ((), ()),
-    "corrupt": (("corrupted.safetensors",), ()),
-    "select": (("model.safetensors", "selected.json"), ()),
-    "probe": (("model.safetensors", "train.jsonl"), ("checkpoint.safetensors",)),
-    "robustness": ((), ()),
-    "import-teacher": (("model.safetensors",), ()),
-    "attention-maps": (("maps.safetensors",), ()),
-    "make-scenes": (("MANIFEST.json", "images", "annotations", "coco"), ()),
-    "segment": ((), ("work",)),
-    "detect": ((), ("work",)),
-    "bench": (("ops.csv", "ratios.md", "ops_scaling.png", "ops_scaling.pdf"),
-              ("models.csv", "models_throughput.png", "models_throughput.pdf")),
-}
 # Fields that do not change results, so a rerun may differ in them.
 VOLATILE = {("run", "progress"), ("run", "threads"), ("data", "workers")}
 
@@ -109,11 +90,11 @@ def check_output_path(out) -> Path:
 
 
 def owned_names(stage: str) -> list[str]:
-    outputs, others = STAGE_FILES[stage]
+    outputs, others = STAGES[stage].outputs, STAGES[stage].scratch
     return [*COMMON, *outputs, *others]
 
 
-ALL_OWNED = {name for stage in STAGE_FILES for name in owned_names(stage)}
+ALL_OWNED = {name for stage in STAGES for name in owned_names(stage)}
 
 
 class RunDir:
@@ -121,7 +102,7 @@ class RunDir:
 
     def __init__(self, out, stage: str, config: dict, replace: bool = False,
                  is_main: bool = True, barrier=lambda: None):
-        if stage not in STAGE_FILES:
+        if stage not in STAGES:
             raise ValueError(f"no declared files for stage {stage!r}")
         self.path = Path(out)
         self.stage, self.config, self.replace, self.is_main = stage, config, replace, is_main
@@ -287,7 +268,7 @@ class RunDir:
             raise RunFailed(f"non-finite metrics, not recorded as a result: "
                             f"{non_finite(metrics)}") from None
         outputs = {}
-        for name in STAGE_FILES[self.stage][0]:
+        for name in STAGES[self.stage].outputs:
             target = self.path / name
             if not target.exists():
                 raise RunFailed(f"{target}: a declared output is missing")

@@ -24,14 +24,14 @@ SRC_ROOT = PACKAGE_ROOT.parent                           # src
 
 @cache
 def stage_entries() -> dict[str, list[str]]:
-    """Entry modules of every job kind: each CLI stage (cli.STAGES: the CLI, the stage's module
+    """Entry modules of every job kind: each stage of linvit.stages (the CLI, the stage's module
     and its config's module) and each reporting step (report.cli.COMMANDS). cli.py dispatches
-    by string, so its stages are read from its table rather than from its imports."""
-    from linvit import cli
+    by string, so its stages are read from the table rather than from its imports."""
     from linvit.report import cli as report_cli
+    from linvit.stages import STAGES
 
     entries = {name: ["linvit.cli", stage.entry.split(":")[0], stage.config.split(":")[0]]
-               for name, stage in cli.STAGES.items()}
+               for name, stage in STAGES.items()}
     clash = set(entries) & set(report_cli.COMMANDS)
     if clash:
         raise ValueError(f"{sorted(clash)} name both a CLI stage and a reporting step")

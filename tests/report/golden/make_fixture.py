@@ -32,7 +32,8 @@ from pathlib import Path
 
 from linvit.io import sha256_file, write_json, write_text, write_yaml
 from linvit.report.record import write_record
-from linvit.runs.rundir import MARKER, STAGE_FILES, owned_names
+from linvit.runs.rundir import MARKER, owned_names
+from linvit.stages import STAGES
 from linvit.workflow.grid import (
     Cell,
     cell_dir,
@@ -96,13 +97,13 @@ def start_run(run_dir: Path, stage: str, config: dict) -> None:
 
 def finish_run(run_dir: Path, stage: str, metrics: dict, extra: dict) -> None:
     """The declared outputs, then metrics.json with their SHA-256, as RunDir.finish writes it."""
-    for name in STAGE_FILES[stage][0]:
+    for name in STAGES[stage].outputs:
         target = run_dir / name
         if name in extra:
             write_text(target, extra[name])
         elif not target.exists():
             target.write_bytes(PLACEHOLDER)
-    outputs = {name: sha256_file(run_dir / name) for name in STAGE_FILES[stage][0]}
+    outputs = {name: sha256_file(run_dir / name) for name in STAGES[stage].outputs}
     write_json(run_dir / "metrics.json", {**metrics, "stage": stage, "env": ENV,
                                           "outputs": outputs})
 
