@@ -21,7 +21,7 @@ from linvit.models import (
     read_state_dict,
     save_model,
 )
-from linvit.models.checkpoint import import_timm_weights
+from linvit.models.timm_import import import_timm_weights
 
 from conftest import make_model, perturb
 
@@ -179,7 +179,7 @@ def test_timm_pretrained_loader_fills_our_softmax_operator(tmp_path):
     """The path users take with a timm cache or the hub, pointed at a local file here."""
     import timm
 
-    from linvit.models.checkpoint import _timm_pretrained
+    from linvit.models.timm_import import _timm_pretrained
 
     torch.manual_seed(0)
     ref = timm.create_model("deit_tiny_patch16_224").eval()

@@ -178,7 +178,7 @@ def test_corrupt_then_robustness_scores_the_model_s_own_predictions(tmp_path, mn
 
 
 def test_robustness_refuses_a_corrupted_copy_of_another_dataset(tmp_path, mnist_root, checkpoint):
-    from linvit.models.checkpoint import save_tensors
+    from linvit.models.tensor_files import save_tensors
     other = tmp_path / "other.safetensors"
     save_tensors(other, {"clean": torch.zeros(1, 1, 28, 28, dtype=torch.uint8),
                          "labels": torch.zeros(1, dtype=torch.long)},

@@ -19,7 +19,7 @@ import torch
 from linvit import cli
 from linvit.data import get_dataset
 from linvit.models import load_model, save_model
-from linvit.models.checkpoint import load_tensors
+from linvit.models.tensor_files import load_tensors
 from linvit.report import attention_maps as figure
 from linvit.report.record import KINDS, write_record
 from linvit.workflow import deps

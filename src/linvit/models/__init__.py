@@ -6,8 +6,9 @@ from importlib import import_module
 from linvit.models.sizes import SIZES, ModelSize, get_size
 from linvit.models.spec import ModelSpec
 
-_LAZY = {**dict.fromkeys(("load_model", "load_strict", "read_spec", "read_state_dict",
-                          "save_model"), "linvit.models.checkpoint"),
+_LAZY = {**dict.fromkeys(("load_model", "load_strict", "read_spec", "save_model"),
+                         "linvit.models.checkpoint"),
+         "read_state_dict": "linvit.models.tensor_files",
          **dict.fromkeys(("LinvitViT", "attention_modules", "create_vit", "set_token_layout"),
                          "linvit.models.vit")}
 

@@ -21,7 +21,7 @@ from linvit.data.base import subset_indices
 from linvit.data.loaders import TensorLoader, TorchLoader
 from linvit.errors import ConfigError
 from linvit.models import load_model
-from linvit.models.checkpoint import load_tensors, save_tensors
+from linvit.models.tensor_files import load_tensors, save_tensors
 from linvit.robustness.corruptions import corrupt_images
 from linvit.robustness.shifts import IMAGENET_CLASSES, SHIFTS, ShiftDataset
 from linvit.runs.evaluation import check_model_fits, evaluate, make_test_loader

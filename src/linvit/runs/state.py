@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from linvit.errors import CheckpointError
-from linvit.models.checkpoint import load_strict, load_tensors, save_tensors
+from linvit.models.checkpoint import load_strict
+from linvit.models.tensor_files import load_tensors, save_tensors
 
 FORMAT = "linvit-train-state-2"       # 2: with a tensor checksum
 

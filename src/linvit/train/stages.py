@@ -52,8 +52,8 @@ def run_evaluate(cfg: EvaluateConfig, out, replace: bool = False) -> dict:
 
 def run_import(cfg: ImportConfig, out, replace: bool = False) -> dict:
     """Turn timm weights (a local file, or timm's pretrained loader) into a linvit teacher."""
-    from linvit.models.checkpoint import HEAD_KEY as HEAD
-    from linvit.models.checkpoint import import_timm_weights
+    from linvit.models.tensor_files import HEAD_KEY as HEAD
+    from linvit.models.timm_import import import_timm_weights
 
     run = prepare_run(cfg, out, "import-teacher", replace)
     if run.finished:

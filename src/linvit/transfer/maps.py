@@ -18,7 +18,7 @@ import torch
 from linvit.data import get_dataset
 from linvit.errors import ConfigError
 from linvit.models import load_model
-from linvit.models.checkpoint import save_tensors
+from linvit.models.tensor_files import save_tensors
 from linvit.runs.stage import completed_metrics, start_run
 from linvit.transfer.config import MapsConfig
 
