@@ -13,21 +13,17 @@ complete only when metrics.json is valid JSON and every output it lists is prese
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
-import platform
 import shutil
-import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
 from linvit.errors import CheckpointError, RunDirError, RunFailed
 from linvit.io import (
     dumps,
-    file_mode,
     load_yaml,
     read_json,
     remove_temporaries,
@@ -36,12 +32,13 @@ from linvit.io import (
     write_text,
     write_yaml,
 )
+from linvit.runs.environment import environment, log_to
+from linvit.runs.lock import LOCK, release_lock, take_lock
 from linvit.runs.verify import verified_metrics
 from linvit.stages import STAGES
 from linvit.trees import non_finite
 
 MARKER = ".linvit-run"
-LOCK = ".linvit-lock"
 COMMON = ("config.yaml", "run.log", "metrics.json")
 # Per stage: (outputs that a complete run must hold, other files the run writes). Outputs that
 # are files are checksummed in metrics.json; folders must exist.
@@ -49,7 +46,6 @@ COMMON = ("config.yaml", "run.log", "metrics.json")
 VOLATILE = {("run", "progress"), ("run", "threads"), ("data", "workers")}
 
 log = logging.getLogger("linvit")
-_HELD: dict[str, int] = {}               # run folder -> lock file descriptor, in this process
 
 
 def _identity(config: dict) -> dict:
@@ -97,6 +93,12 @@ def owned_names(stage: str) -> list[str]:
 ALL_OWNED = {name for stage in STAGES for name in owned_names(stage)}
 
 
+class Problem(NamedTuple):
+    """Why a folder's previous run is neither resumed nor reused as it is."""
+    reason: str
+    replaceable: bool = True      # False: not linvit's to clear, even with --rerun
+
+
 class RunDir:
     """Check (read-only) decides what to do; open() takes the lock and writes; finish() seals."""
 
@@ -138,18 +140,17 @@ class RunDir:
         if problem is None:
             complete = self._complete
             self.finished, self._discard = complete and not self.replace, complete and self.replace
-        elif self.replace and not problem.startswith("!"):
+        elif self.replace and problem.replaceable:
             self._discard = True
         else:
-            raise RunDirError(problem.lstrip("!"))
+            raise RunDirError(problem.reason)
 
-    def _previous_run_problem(self) -> str | None:
-        """Why the folder's previous run cannot simply be resumed or reused, or None. A reason
-        starting with '!' holds even with `replace`: the folder is not linvit's to clear."""
+    def _previous_run_problem(self) -> Problem | None:
+        """Why the folder's previous run cannot simply be resumed or reused, or None."""
         marker = self.path / MARKER
         if not marker.is_file():
-            return (f"!{self.path} is not empty and was not made by linvit (no {MARKER}); "
-                    "linvit does not write into it: choose another output folder")
+            return Problem(f"{self.path} is not empty and was not made by linvit (no {MARKER}); "
+                           "linvit does not write into it: choose another output folder", False)
         try:
             owner = read_json(marker)
             old = load_yaml(self.config_file.read_text()) if self.config_file.is_file() else {}
@@ -158,26 +159,26 @@ class RunDir:
                     and all(isinstance(n, str) for n in names)):
                 raise ValueError("unexpected structure")
         except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
-            return (f"!{self.path}: its {MARKER} or config.yaml is unreadable "
-                    f"({' '.join(str(e).split())}); move the folder away")
+            return Problem(f"{self.path}: its {MARKER} or config.yaml is unreadable "
+                           f"({' '.join(str(e).split())}); move the folder away", False)
         # only names linvit itself writes: a marker edited to name '..' removes nothing else
         self._previous_files = [n for n in names if n in ALL_OWNED]
         if old_stage != self.stage:
-            return (f"{self.path} holds a {old_stage} run, not a {self.stage} run; use another "
-                    "output folder, or --rerun to replace it")
+            return Problem(f"{self.path} holds a {old_stage} run, not a {self.stage} run; use "
+                           "another output folder, or --rerun to replace it")
         # no config.yaml: the previous attempt stopped before writing one, so nothing ran
         changes = _diff(_identity(old.get("config", {})), _identity(self.config)) if old else []
         if changes:
-            return (f"{self.path} holds a {old_stage} run with another config "
-                    f"({'; '.join(changes[:5])}); use another output folder, or --rerun to "
-                    "replace it")
+            return Problem(f"{self.path} holds a {old_stage} run with another config "
+                           f"({'; '.join(changes[:5])}); use another output folder, or --rerun "
+                           "to replace it")
         self._complete = self.metrics.is_file() and self.complete()   # hashes the outputs once
         if self.metrics.is_file() and not self._complete:
-            return (f"{self.path}: its finished run fails verification (an output is missing or "
-                    "changed, or metrics.json is not valid); --rerun redoes it")
+            return Problem(f"{self.path}: its finished run fails verification (an output is "
+                           "missing or changed, or metrics.json is not valid); --rerun redoes it")
         return self._checkpoint_problem()
 
-    def _checkpoint_problem(self) -> str | None:
+    def _checkpoint_problem(self) -> Problem | None:
         if not self.checkpoint.is_file():
             return None
         from linvit.runs.state import check_identity, read_state
@@ -189,8 +190,8 @@ class RunDir:
             _, meta = read_state(self.checkpoint)
             check_identity(self.checkpoint, meta, self.identity)
         except (CheckpointError, KeyError, ValueError) as e:
-            return (f"cannot resume: {e}. --rerun discards the checkpoint and starts over, or "
-                    "delete the folder")
+            return Problem(f"cannot resume: {e}. --rerun discards the checkpoint and starts "
+                           "over, or delete the folder")
         self._verified = (stat.st_mtime_ns, stat.st_size)
         return None
 
@@ -203,7 +204,7 @@ class RunDir:
 
     def _open_main(self, notes) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        self._take_lock()
+        take_lock(self.path)
         self.check()                              # the folder may have changed before the lock
         if self.finished:
             raise RunDirError(f"{self.path}: another linvit process finished this run meanwhile")
@@ -214,36 +215,13 @@ class RunDir:
         write_json(self.path / MARKER, {"linvit": "run folder", "stage": self.stage,
                                         "files": owned_names(self.stage)})
         write_yaml(self.config_file, {"stage": self.stage, "config": self.config})
-        _log_to(self.path / "run.log")
+        log_to(self.path / "run.log")
         log.info("%s run in %s", self.stage, self.path)
         for note in notes:
             log.info("%s", note)
 
-    def _take_lock(self) -> None:
-        """flock the folder's lock file until this run finishes or the process ends (the kernel
-        drops it then, also after kill -9). A run of this process holding it (an earlier,
-        interrupted stage call) hands it on."""
-        key = str(self.path.resolve())
-        if key in _HELD:
-            return
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, file_mode())
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                # some cluster file systems (Lustre without flock, some NFS) have no locks
-                log.warning("%s: no lock on this file system (%s); nothing stops a second "
-                            "run into this folder", self.path, e)
-                return
-            raise RunDirError(f"{self.path}: another linvit process is writing this folder; wait "
-                              "for it or choose another output folder") from None
-        _HELD[key] = fd
-
     def release(self) -> None:
-        fd = _HELD.pop(str(self.path.resolve()), None)
-        if fd is not None:
-            os.close(fd)
+        release_lock(self.path)
 
     def _remove_previous(self) -> None:
         log.info("replacing the previous run in %s", self.path)
@@ -281,30 +259,3 @@ class RunDir:
         return metrics
 
 
-def environment() -> dict:
-    import timm
-    import torch
-
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "timm": timm.__version__,
-            "platform": platform.platform(), "cuda": torch.cuda.is_available(),
-            "processes": int(os.environ.get("WORLD_SIZE", "1")),     # torch.distributed world
-            "threads": torch.get_num_threads(),                      # of each process
-            # the devices and cluster job it ran in: a SLURM job's allocation, seen from inside
-            "cuda_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "slurm_job": os.environ.get("SLURM_JOB_ID")}
-
-
-def _log_to(path: Path) -> None:
-    root = logging.getLogger("linvit")
-    root.setLevel(logging.INFO)
-    for h in list(root.handlers):
-        if isinstance(h, logging.FileHandler):
-            root.removeHandler(h)
-            h.close()
-    fh = logging.FileHandler(path)
-    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    root.addHandler(fh)
-    if not any(type(h) is logging.StreamHandler for h in root.handlers):
-        sh = logging.StreamHandler()
-        sh.setFormatter(logging.Formatter("[linvit] %(message)s"))
-        root.addHandler(sh)
