@@ -19,6 +19,7 @@ from linvit.ops.backends import backend, triton_available
 from linvit.ops.bidirectional import fla_kernel
 from linvit.ops.definitions import unit_rows
 from linvit.ops.delta_rule import delta_rule, delta_rule_map
+from linvit.ops.delta_rule import fla as dr_fla
 
 B, H, N, D = 2, 3, 50, 24                   # awkward on purpose: N = 1 + 7x7, d = 24
 SCALE = 0.7
@@ -174,7 +175,7 @@ def test_chunked_path_matches_the_reference_at_beta_near_one_in_float32():
 # --- the GPU path ------------------------------------------------------------------------------
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 def test_triton_backend_without_fla_on_the_cpu_falls_back_once(caplog):
-    dr._warn_fallback.cache_clear()
+    dr_fla._warn_fallback.cache_clear()
     inputs = scan_inputs()
     with caplog.at_level(logging.WARNING, logger="linvit"):
         outs = [on_backend("triton")(*inputs) for _ in range(3)]

@@ -1,35 +1,4 @@
-"""The bidirectional delta rule (DeltaNet, arXiv 2406.06484): tensors in, tensors out.
-
-Per head and scan direction, with unit keys k_t and write strengths beta_t in (0, 1):
-
-    u_t = beta_t (v_t - S_{t-1}^T k_t),   S_t = S_{t-1} + k_t u_t^T,   o_t = s S_t^T q_t
-
-i.e. S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T: each token overwrites what the state
-recalls for its key (an online least-squares step) instead of adding to it, as linear attention
-does. The backward direction runs the same recursion from the last token with its own betas, and
-o = (o_F + J o_F(J q, J k, J v, J beta_B)) / 2, J the token flip.
-
-Shapes: q, k (B, H, N, Dk), v (B, H, N, Dv), betas (B, H, N). Three paths, one signature:
-  reference  the recursion token by token, both directions stacked in one batch: the definition;
-  torch      chunked (WY form, below), the backward pass written out: the CPU default;
-  triton     fla's `chunk_delta_rule` (optional flash-linear-attention, CUDA, bf16/fp16 inputs)
-             on both directions stacked; anything else takes the chunked path, said once.
-`delta_rule_map` forms the exact (B, H, N, N) map M with delta_rule(...) == M @ v.
-
-Chunked form: within a chunk of C tokens the recursion is a unit lower-triangular system,
-L N = diag(beta) (V - K S_in) with L = I + tril(diag(beta) K K^T, -1), so with T = L^-1 (one
-batched triangular solve per chunk), W = T diag(beta) K and U = T diag(beta) V the chunk's values
-are N = U - W S_in, the state leaves as S_in + K^T N and the outputs are Q S_in + tril(Q K^T) N.
-Only the pass over chunks is sequential (two small matrix products per chunk). The backward
-direction is the mirror image: upper triangles, chunks visited last to first. It runs on the same
-chunks rather than on flipped copies, so both directions share Q K^T, K K^T and Q (S_F + S_B),
-and no token order is ever reversed in memory. The backward pass is written out: autograd
-through the chunk loop would keep and differentiate every per-chunk intermediate. On a CPU the
-small per-chunk products are memory-bound, so fewer materialised tensors is what buys speed.
-
-Numerics: the cores compute in float32 (float64 when given float64, so the tests can hold the
-paths to each other tightly) and cast back to v's dtype. The map is formed in the same precision.
-"""
+"""The CPU path: both scans in chunks (WY form), the backward pass written out."""
 from __future__ import annotations
 
 import functools
@@ -38,112 +7,15 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from linvit.ops.backends import resolve_backend
-from linvit.ops.bidirectional import (
-    fla_kernel,
-    from_fla,
-    split_directions,
-    stack_directions,
-    to_fla,
-)
 from linvit.ops.chunks import chunk_bmm
 from linvit.ops.definitions import compute_dtype
 
 log = logging.getLogger("linvit")
 
-# Tokens per chunk: the O(N C d) intra-chunk products against the N / C sequential steps of the
-# chunk loop; at d = 64 on a 2-core CPU 32 ran faster than 48 or 64. Any N works (padding).
-CHUNK = 32
-FLA_DTYPES = (torch.bfloat16, torch.float16)          # fla's chunk_delta_rule refuses float32
 
-
-def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_forward: torch.Tensor,
-               beta_backward: torch.Tensor, scale: float) -> torch.Tensor:
-    """o = (o_F + o_B) / 2 of the two delta-rule scans; keys should have unit norm."""
-    name = resolve_backend(q)
-    if name == "reference":
-        return _reference(q, k, v, beta_forward, beta_backward, scale)
-    if name == "triton" and _fla_takes(q):
-        return _fla(q, k, v, beta_forward, beta_backward, scale)
-    return _chunked(q, k, v, beta_forward, beta_backward, scale)
-
-
-def delta_rule_map(q: torch.Tensor, k: torch.Tensor, beta_forward: torch.Tensor,
-                   beta_backward: torch.Tensor, scale: float) -> torch.Tensor:
-    """The (B, H, N, N) map M with delta_rule(q, k, v, ...) == M @ v: exact, as the layer is
-    linear in v given q, k and beta. M = (M_F + J M_F[Jq, Jk, J beta_B] J) / 2."""
-    dtype = compute_dtype(q)
-    q, k, beta_forward, beta_backward = (t.to(dtype) for t in (q, k, beta_forward, beta_backward))
-    forward = _causal_map(q, k, beta_forward, scale)
-    backward = _causal_map(q.flip(2), k.flip(2), beta_backward.flip(2), scale).flip(2, 3)
-    return (forward + backward) / 2
-
-
-def _causal_map(q, k, beta, scale):
-    """M_F = tril(s Q K^T) (I + diag(beta) tril(K K^T, -1))^-1 diag(beta), (B, H, N, N)."""
-    lower = torch.tril(k @ k.mT, -1) * beta[..., :, None]           # I implied: unitriangular
-    scores = torch.tril(q @ k.mT) * scale
-    solved = torch.linalg.solve_triangular(lower, scores, upper=False, left=False,
-                                           unitriangular=True)      # scores (I + lower)^-1
-    return solved * beta[..., None, :]
-
-
-# --- reference: the recursion as written -------------------------------------------------------
-def _reference(q, k, v, beta_forward, beta_backward, scale):
-    dtype = compute_dtype(q)
-    both = [stack_directions(t, t).to(dtype) for t in (q, k, v)]
-    betas = stack_directions(beta_forward, beta_backward).to(dtype)
-    forward, backward = split_directions(_recurrence(*both, betas, scale))
-    return ((forward + backward) / 2).to(v.dtype)
-
-
-def _recurrence(q, k, v, beta, scale):
-    """One causal scan, token by token."""
-    B, H, N, dk = q.shape
-    state = q.new_zeros(B, H, dk, v.shape[-1])                        # S, (B, H, Dk, Dv)
-    out = []
-    for t in range(N):
-        k_t = k[:, :, t]
-        recalled = torch.einsum("bhk,bhkv->bhv", k_t, state)          # S^T k_t
-        u_t = beta[:, :, t, None] * (v[:, :, t] - recalled)
-        state = state + k_t[..., :, None] * u_t[..., None, :]
-        out.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
-    return torch.stack(out, dim=2)
-
-
-# --- GPU: fla's chunk kernel on both directions stacked -----------------------------------------
-def _fla_takes(q: torch.Tensor) -> bool:
-    if fla_kernel("delta_rule", "chunk_delta_rule") is None:
-        _warn_fallback("flash-linear-attention is not installed")
-    elif not q.is_cuda:
-        _warn_fallback("fla kernels need CUDA tensors")
-    elif q.dtype not in FLA_DTYPES:
-        _warn_fallback(f"fla's chunk_delta_rule takes bf16/fp16 only, not {q.dtype}")
-    else:
-        return True
-    return False
-
-
-@functools.cache
-def _warn_fallback(reason: str) -> None:
-    """Cached: said once per reason, not on every layer of every step."""
-    log.warning("delta rule: %s; using the chunked PyTorch path", reason)
-
-
-def _fla(q, k, v, beta_forward, beta_backward, scale):
-    kernel = fla_kernel("delta_rule", "chunk_delta_rule")
-    q, k, v = (to_fla(stack_directions(t, t)) for t in (q, k, v))    # (2B, N, H, d)
-    beta = stack_directions(beta_forward, beta_backward).transpose(1, 2).contiguous()
-    # q and k arrive normalised (and q scaled) by the operator: fla must not normalise again
-    out, _ = kernel(q, k, v, beta.to(q.dtype), scale=scale, use_qk_l2norm_in_kernel=False)
-    forward, backward = split_directions(from_fla(out).float())
-    return ((forward + backward) / 2).to(v.dtype)
-
-
-# --- chunked: the CPU path -----------------------------------------------------------------------
-def _chunked(q, k, v, beta_forward, beta_backward, scale):
+def chunked_scan(q, k, v, beta_forward, beta_backward, scale, chunk: int):
+    """Both scans in chunks of `chunk` tokens (the WY form of the package docstring)."""
     B, H, N, _ = q.shape
-    chunk = CHUNK                   # read at call time, so the tests can vary it
     n = -(-N // chunk)
     dtype = compute_dtype(q)
     stack, merge = _direction_indices(B * H, n, chunk, q.device)
