@@ -45,8 +45,8 @@ BASELINES = {"mimetic": set(), "copy_mlp+mimetic": PAPER_STEM | {"mlp"}}
 def test_registry_declares_the_mimetic_baselines():
     for name, copy in BASELINES.items():
         s = get_strategy(name)
-        assert (set(s.copy), set(s.distilled), s.mimetic) == (copy, set(), True), name
-    assert not any(get_strategy(name).mimetic for name in PAPER)
+        assert (set(s.copy), set(s.distilled), s.uses("mimetic")) == (copy, set(), True), name
+    assert not any(get_strategy(name).uses("mimetic") for name in PAPER)
 
 
 def test_registry_declares_the_papers_strategies():
@@ -74,7 +74,8 @@ def promised_source(name: str, strategy, teacher: dict) -> str:
     operator-specific tensors, so those stay new under a copy (and come from a distilled model,
     which has the student's operator)."""
     group = naive_group(name)
-    if strategy.mimetic and re.fullmatch(r"blocks\.\d+\.attn\.(qkv|proj)\.(weight|bias)", name):
+    formed = re.fullmatch(r"blocks\.\d+\.attn\.(qkv|proj)\.(weight|bias)", name)
+    if strategy.uses("mimetic") and formed:
         return "mimetic"
     if group in strategy.distilled:
         return "distilled"

@@ -133,10 +133,9 @@ class FinetuneConfig:
                       "strategy 'random' uses it for the model shape")
         existing_file("distilled", self.distilled)
         check_student(self)
-        if self.init.resolve().teacher_maps and self.model.operator != "softmax":
-            raise ConfigError(f"init.strategy: {self.init.strategy!r} drives a softmax student "
-                              "with the teacher's attention maps; model.operator must be "
-                              f"softmax, not {self.model.operator!r}")
+        for mechanism in self.init.resolve().mechanisms:
+            if problem := mechanism.check(self):
+                raise ConfigError(problem)
         if self.init.resolve().needs_distilled and self.distilled is None:
             raise ConfigError(f"distilled: strategy {self.init.strategy!r} needs a distilled "
                               "student (the output of `linvit distill`)")

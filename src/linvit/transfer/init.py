@@ -2,7 +2,8 @@
 
 The record (saved as copied.json beside the student) lists every tensor of the student with its
 group and its source: "teacher" (bit-identical copy), "distilled" (bit-identical copy from the
-distilled student), "mimetic" (formed data-free, linvit.transfer.mimetic) or "new" (with the
+distilled student), a mechanism's name (formed by it, e.g. "mimetic": linvit.transfer.mechanisms)
+or "new" (with the
 reason when a copied group could not supply it).
 `verify_init` re-checks a record against the tensors; `apply_init` runs it before returning.
 """
@@ -16,7 +17,6 @@ from torch import nn
 from linvit.errors import CheckpointError
 from linvit.models import attention_modules
 from linvit.transfer.groups import group_of
-from linvit.transfer.mimetic import mimetic_init_
 from linvit.transfer.strategies import InitStrategy
 
 
@@ -33,17 +33,6 @@ def operator_specific_reasons(model: nn.Module) -> dict[str, str]:
     return reasons
 
 
-MIMETIC_REASON = ("mimetic attention (data-free, arXiv 2305.09828): per head W_q^T W_k ~ "
-                  "0.7 Z + 0.7 I and W_proj W_v ~ 0.4 Z' - 0.4 I, biases zero")
-
-
-def mimetic_names(model: nn.Module) -> set[str]:
-    """The tensors mimetic initialisation sets: each block's qkv/proj weights and biases."""
-    return {f"blocks.{i}.attn.{layer}.{kind}" for i, attn in enumerate(attention_modules(model))
-            for layer in ("qkv", "proj") for kind in ("weight", "bias")
-            if getattr(getattr(attn, layer), kind) is not None}
-
-
 def plan_init(student: nn.Module, strategy: InitStrategy, teacher: dict[str, torch.Tensor],
               distilled: dict[str, torch.Tensor] | None) -> dict[str, dict]:
     """Decide each student tensor's source; fail on anything a declared group cannot supply."""
@@ -51,15 +40,17 @@ def plan_init(student: nn.Module, strategy: InitStrategy, teacher: dict[str, tor
         raise ValueError(f"strategy {strategy.name!r} takes {sorted(strategy.distilled)} from a "
                          "distilled student, but none was given")
     own_only = operator_specific_reasons(student)
-    mimetic = mimetic_names(student) if strategy.mimetic else set()
+    formed = {name: (m.name, reason) for m in strategy.mechanisms
+              for name, reason in m.formed(student).items()}
     plan, problems = {}, []
     for name, tensor in student.state_dict().items():
         group = group_of(name)
         entry = {"group": group, "source": "new", "shape": list(tensor.shape)}
         if name in own_only:                  # new unless a distilled student supplies it
             entry["reason"] = own_only[name]
-        if name in mimetic:
-            plan[name] = {**entry, "source": "mimetic", "reason": MIMETIC_REASON}
+        if name in formed:                    # set by a mechanism of the strategy
+            source, reason = formed[name]
+            plan[name] = {**entry, "source": source, "reason": reason}
             continue
         if group in strategy.distilled:
             src, label = distilled, "distilled"
@@ -92,9 +83,8 @@ def apply_init(student: nn.Module, strategy: InitStrategy, teacher: dict[str, to
                distilled: dict[str, torch.Tensor] | None = None) -> dict:
     plan = plan_init(student, strategy, teacher, distilled)
     sources = {"teacher": teacher, "distilled": distilled}
-    if strategy.mimetic:
-        for attn in attention_modules(student):
-            mimetic_init_(attn)
+    for mechanism in strategy.mechanisms:
+        mechanism.apply(student)
     state = student.state_dict()
     with torch.no_grad():
         for name, entry in plan.items():

@@ -17,7 +17,7 @@ import torch
 from linvit.errors import ConfigError
 from linvit.io import write_json
 from linvit.models import ModelSpec, create_vit, load_model, read_spec, read_state_dict, save_model
-from linvit.models.attention_copy import MAPS_KEY, drive_with_teacher
+from linvit.models.attention_copy import MAPS_KEY
 from linvit.models.checkpoint import head_state
 from linvit.runs.evaluation import evaluate, make_loaders
 from linvit.runs.stage import completed_metrics, start_run
@@ -134,21 +134,10 @@ def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:
     record = apply_init(model, strategy, read_state_dict(cfg.teacher),
                         read_state_dict(cfg.distilled) if cfg.distilled else None)
     record["sources"] = {"teacher": cfg.teacher, "distilled": cfg.distilled}
-    if strategy.teacher_maps:
-        drive_with_teacher(model, maps_teacher(cfg.teacher, info))
-        record["teacher_maps"] = cfg.teacher
+    for mechanism in strategy.mechanisms:
+        record.update(mechanism.attach(model, cfg, info))
     log.info("init %s: %s", strategy.name, record["summary"])
     return model, record
-
-
-def maps_teacher(path: str, info) -> torch.nn.Module:
-    """The teacher whose maps drive an attention-copy student: it must read the same images."""
-    spec = read_spec(path)
-    if (spec.img_size, spec.in_chans) != (info.img_size, info.in_chans):
-        raise ConfigError(f"teacher: {path} reads {spec.img_size} px x {spec.in_chans} channels, "
-                          f"the data is {info.img_size} px x {info.in_chans}; attention copy "
-                          "runs the teacher on the student's own input")
-    return load_model(path)
 
 
 def model_metadata(record: dict) -> dict:

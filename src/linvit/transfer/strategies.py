@@ -1,9 +1,9 @@
 """The init-strategy registry: which component groups a student takes from where.
 
-A strategy names the groups copied from the softmax teacher and the groups taken from a distilled
+A strategy names the groups copied from the softmax teacher, the groups taken from a distilled
 student (the teacher with its attention swapped for the student's operator and distilled, see
-linvit.transfer.distill), and whether attention's qkv/proj weights get the data-free mimetic
-initialisation (linvit.transfer.mimetic). Everything else starts new (timm's initialisation under
+linvit.transfer.distill), and its mechanisms (linvit.transfer.mechanisms: mimetic attention,
+the teacher's maps driving the student). Everything else starts new (timm's initialisation under
 the run's seed).
 
 The "stem" (embeddings, norms, head) travels with every copy strategy, so that copy_mlp and
@@ -12,9 +12,10 @@ Adding a strategy: one line in STRATEGIES.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from linvit.transfer.groups import check_groups
+from linvit.transfer.mechanisms import Mechanism, MimeticAttention, TeacherMaps
 
 STEM = frozenset({"embed", "norm", "head"})
 
@@ -25,8 +26,7 @@ class InitStrategy:
     copy: frozenset[str]
     distilled: frozenset[str] = frozenset()
     description: str = ""
-    mimetic: bool = False          # attention's qkv/proj weights from linvit.transfer.mimetic
-    teacher_maps: bool = False     # the teacher's maps drive the student (models/attention_copy.py)
+    mechanisms: tuple[Mechanism, ...] = ()
 
     def __post_init__(self):
         check_groups(self.copy, f"strategy {self.name}: copy")
@@ -34,19 +34,23 @@ class InitStrategy:
         if self.copy & self.distilled:
             raise ValueError(f"strategy {self.name}: groups both copied and distilled: "
                              f"{sorted(self.copy & self.distilled)}")
-        if self.mimetic and "attn" in self.copy | self.distilled:
-            raise ValueError(f"strategy {self.name}: mimetic attention cannot also be copied or "
-                             "distilled")
+        for m in self.mechanisms:
+            if m.takes_groups & (self.copy | self.distilled):
+                raise ValueError(f"strategy {self.name}: {m.name} forms "
+                                 f"{sorted(m.takes_groups)}, which cannot also be copied or "
+                                 "distilled")
 
     @property
     def needs_distilled(self) -> bool:
         return bool(self.distilled)
 
+    def uses(self, mechanism: str) -> bool:
+        return any(m.name == mechanism for m in self.mechanisms)
+
     def with_groups(self, copy=None, distilled=None) -> InitStrategy:
         """The same strategy with its groups overridden by config (init.copy / init.distilled)."""
-        return InitStrategy(self.name, frozenset(self.copy if copy is None else copy),
-                            frozenset(self.distilled if distilled is None else distilled),
-                            self.description, self.mimetic, self.teacher_maps)
+        return replace(self, copy=frozenset(self.copy if copy is None else copy),
+                       distilled=frozenset(self.distilled if distilled is None else distilled))
 
 
 STRATEGIES: dict[str, InitStrategy] = {s.name: s for s in [
@@ -59,11 +63,11 @@ STRATEGIES: dict[str, InitStrategy] = {s.name: s for s in [
                  description="distilled attention, everything else new"),
     InitStrategy("copy_mlp+distill", STEM | {"mlp"}, frozenset({"attn"}),
                  description="the paper's recipe: stem + MLPs copied, attention distilled"),
-    InitStrategy("mimetic", frozenset(), mimetic=True,
+    InitStrategy("mimetic", frozenset(), mechanisms=(MimeticAttention(),),
                  description="data-free baseline: mimetic attention, everything else new"),
-    InitStrategy("copy_mlp+mimetic", STEM | {"mlp"}, mimetic=True,
+    InitStrategy("copy_mlp+mimetic", STEM | {"mlp"}, mechanisms=(MimeticAttention(),),
                  description="stem + MLPs copied, mimetic attention (no distillation)"),
-    InitStrategy("attn_copy", frozenset(), teacher_maps=True,
+    InitStrategy("attn_copy", frozenset(), mechanisms=(TeacherMaps(),),
                  description="attention transfer, copy mode: a new softmax student whose "
                              "attention maps are the teacher's, in training and at test time"),
 ]}
