@@ -1,5 +1,7 @@
 # Dense tasks (target `dense`): embedded scenes, then UperNet and Mask R-CNN fine-tuned on the
 # backbones of the teacher and of chosen cells; their own table, figure and dense.md.
+from linvit.dense.tasks import TASKS  # noqa: E402
+
 DENSE = dense_jobs.dense_jobs(config, CELLS)
 DENSE_OF = {j.backbone: j for j in DENSE}
 SCENES = f"{RESULTS}/scenes"
@@ -41,7 +43,7 @@ rule dense_job:
     benchmark:
         f"{RESULTS}/benchmarks/dense/{{task}}/{{dataset}}/{{teacher}}/{{size}}/{{backbone}}.tsv"
     wildcard_constraints:
-        task="segment|detect",
+        task="|".join(TASKS),
     params:
         kind="dense",
         dir=lambda wc: dense_jobs.dense_dir(RESULTS, dense_job(wc)),

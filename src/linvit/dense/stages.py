@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from linvit.dense.config import DenseConfig
+from linvit.dense.tasks import TASKS, DenseTask
 from linvit.errors import ConfigError
 from linvit.runs.runtime import seed_everything, setup_runtime
 from linvit.runs.stage import completed_metrics, prepare_run
@@ -16,26 +17,22 @@ from linvit.runs.stage import completed_metrics, prepare_run
 log = logging.getLogger("linvit")
 
 
-# mmengine's metric names -> linvit's
-METRIC_NAMES = {"mIoU": "mIoU", "aAcc": "aAcc", "mAcc": "mAcc",
-                "coco/bbox_mAP": "box_AP", "coco/bbox_mAP_50": "box_AP50",
-                "coco/segm_mAP": "mask_AP", "coco/segm_mAP_50": "mask_AP50"}
-
-
-def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
+def run_dense(name: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
     from linvit.data import get_dataset
     from linvit.dense.scenes import verify_scenes
     from linvit.models import SIZES, read_spec, read_state_dict
     from linvit.models.attention_copy import MAPS_KEY
     from linvit.models.checkpoint import read_metadata
 
-    if cfg.data.kind != "scenes" and (cfg.data.kind == "coco") != (task == "detect"):
-        raise ConfigError(f"data.kind: {cfg.data.kind!r} does not fit {task}")
+    task = TASKS[name]
+    if cfg.data.kind not in ("scenes", task.real_kind):
+        raise ConfigError(f"data.kind: {cfg.data.kind!r} does not fit {name} (scenes or "
+                          f"{task.real_kind})")
     check_folder(cfg.data)
     spec = read_spec(cfg.checkpoint)
     if cfg.model.neck == "adapter":
         check_adapter(cfg.model.adapter, SIZES[spec.size])
-    run = prepare_run(cfg, out, task, replace)
+    run = prepare_run(cfg, out, name, replace)
     if run.finished:
         return completed_metrics(run)
     rt = setup_runtime(cfg.run)
@@ -54,17 +51,16 @@ def run_dense(task: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
     mean = [255 * m for m in mean] * (3 // len(mean))         # grey statistics on every channel
     std = [255 * s for s in std] * (3 // len(std))
     run.is_main = rt.is_main
-    run.open(f"{task} with a {spec.operator} {spec.size} backbone from {cfg.checkpoint}")
+    run.open(f"{name} with a {spec.operator} {spec.size} backbone from {cfg.checkpoint}")
     config = build_config(task, cfg, SIZES[spec.size].width, mean, std, str(run.path / "work"))
     metrics, train_s, eval_s = train_and_validate(config)
-    result = {METRIC_NAMES[k]: v for k, v in metrics.items() if k in METRIC_NAMES}
-    if task == "detect":                    # mmdet reports AP in [0, 1]; tables use percent
+    result = {task.metrics[k]: v for k, v in metrics.items() if k in task.metrics}
+    if task.percent:                        # fractions in [0, 1]; tables use percent
         result = {k: 100 * v for k, v in result.items()}
-        if not metrics:
-            # mmdet's CocoMetric returns nothing when no box scored above test_cfg's threshold
-            # (an untrained head over 80 classes): every AP is 0 then, by definition
-            log.warning("no detections above the score threshold: box and mask AP are 0")
-            result = {name: 0.0 for name in METRIC_NAMES.values() if "AP" in name}
+    if not metrics and task.empty_means_zero:
+        log.warning("%s: no metrics (nothing scored above the threshold): every metric is 0",
+                    name)
+        result = dict.fromkeys(task.metrics.values(), 0.0)
     return run.finish({**result, "raw": metrics, "iters": cfg.optim.iters, "train_s": train_s,
                        "eval_s": eval_s, "step_s": train_s / cfg.optim.iters,
                        "backbone": spec.as_dict()})
@@ -100,12 +96,13 @@ def check_adapter(adapter, size) -> None:
                               f"{what} {width}")
 
 
-def build_config(task: str, cfg: DenseConfig, width: int, mean, std, work_dir: str):
+def build_config(task: DenseTask, cfg: DenseConfig, width: int, mean, std, work_dir: str):
+    import importlib
+
     from mmengine.config import Config
 
-    from linvit.dense.configs import detection_config, segmentation_config
-
-    make = segmentation_config if task == "segment" else detection_config
+    module, function = task.build.split(":")
+    make = getattr(importlib.import_module(module), function)
     return Config(make(cfg, width, mean, std, work_dir))
 
 

@@ -1,4 +1,5 @@
-"""The dense results: table (mIoU, aAcc, box AP, mask AP by backbone), figure, dense.md.
+"""The dense results: table (each task's headline metrics by backbone: grid.json's
+dense_columns, from the dense-task registry), figure, dense.md.
 
 Rows are backbones (the softmax teacher, then each operator x init strategy); a job that failed
 or has not run reads "failed" / "missing" like every other table. A second table gives each
@@ -22,9 +23,7 @@ from linvit.render.tables import (
     write_table,
 )
 
-COLUMNS = [("segment", "mIoU"), ("segment", "aAcc"), ("detect", "box_AP"),
-           ("detect", "mask_AP")]
-CAPTION = "Dense tasks: UperNet mIoU / aAcc and Mask R-CNN box / mask AP (%) by backbone"
+CAPTION = "Dense tasks: each task's headline metrics (%) by backbone"
 REFERENCE = "random"
 TEACHER = "teacher"            # the init of the teacher's own rows (dense_jobs.TEACHER_BACKBONE)
 GAP_CAPTION = ("Dense tasks: gain of each student and of the softmax teacher over the random-init "
@@ -32,7 +31,7 @@ GAP_CAPTION = ("Dense tasks: gain of each student and of the softmax teacher ove
                "student's is also its backbone's): mean ± 95% CI, then each seed's gain")
 
 
-def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
+def dense_table(results: pd.DataFrame, orders: dict, columns: list) -> pd.DataFrame:
     dense = results[results["kind"] == "dense"]
     rows, index = [], []
     order = {"init": [TEACHER] + orders.get("init", []), "operator": orders.get("operator", [])}
@@ -43,9 +42,9 @@ def dense_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
     for key in keys:
         part, (*group, op, init) = rows_where(dense, names, key), key
         rows.append([cell_text(part[part["task"] == task], metric, count_seeds=False)
-                     for task, metric in COLUMNS])
+                     for task, metric in columns])
         index.append((*group, "softmax teacher" if init == TEACHER else f"{op} {init}"))
-    return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in COLUMNS],
+    return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in columns],
                         index=pd.MultiIndex.from_tuples(index, names=[*names[:3], "backbone"]))
 
 
@@ -57,7 +56,7 @@ def gap_text(gains: pd.Series) -> str:
     return f"{mean_ci(gains.tolist(), signed=True)} ({seeds})"
 
 
-def dense_gaps(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
+def dense_gaps(results: pd.DataFrame, orders: dict, columns: list) -> pd.DataFrame:
     """Each strategy, and the softmax teacher, minus the random-init student, per operator, task
     metric and seed (only seeds where both jobs are ok count; a teacher's seeds are its heads').
     Empty when no random-init student ran."""
@@ -72,14 +71,14 @@ def dense_gaps(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
         others = [i for i in orders.get("init", []) if i != REFERENCE and i in set(part["init"])]
         for init in others + ([TEACHER] if TEACHER in set(part["init"]) else []):
             row = []
-            for task, metric in COLUMNS:
+            for task, metric in columns:
                 by_seed = {i: part[(part["init"] == i) & (part["task"] == task)]
                            .set_index("seed")[metric].dropna().astype(float)
                            for i in (init, REFERENCE)}
                 row.append(gap_text((by_seed[init] - by_seed[REFERENCE]).dropna().sort_index()))
             rows.append(row)
             index.append((*key, f"{'softmax teacher' if init == TEACHER else init} - {REFERENCE}"))
-    return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in COLUMNS],
+    return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in columns],
                         index=pd.MultiIndex.from_tuples(index, names=[*names, "gain"])
                         if index else pd.MultiIndex.from_arrays([[]] * 5, names=[*names, "gain"]))
 
@@ -98,11 +97,12 @@ def dense_figure(table: pd.DataFrame, out: Path) -> None:
 
 
 def write_dense(results: pd.DataFrame, orders: dict, tables_dir: Path, figures_dir: Path,
-                out: Path) -> None:
-    table = dense_table(results, orders)
+                out: Path, columns: list) -> None:
+    """columns: (task, metric) pairs, grid.json's dense_columns."""
+    table = dense_table(results, orders, columns)
     write_table(table, Path(tables_dir) / "dense", CAPTION)
     dense_figure(table, Path(figures_dir) / "dense")
-    gaps = dense_gaps(results, orders)
+    gaps = dense_gaps(results, orders, columns)
     steps = results[(results["kind"] == "dense") & (results["status"] == "ok")]
     lines = ["## Dense tasks\n", CAPTION + ".\n", to_markdown(table)]
     write_table(gaps, Path(tables_dir) / "dense_gaps", GAP_CAPTION)
@@ -119,5 +119,6 @@ def write_dense(results: pd.DataFrame, orders: dict, tables_dir: Path, figures_d
 def run_step(a) -> None:
     from linvit.report.files import read_csv, read_grid
 
-    write_dense(read_csv(a.results), read_grid(a.grid)["orders"], Path(a.tables),
-                Path(a.figures), Path(a.out))
+    grid = read_grid(a.grid)
+    write_dense(read_csv(a.results), grid["orders"], Path(a.tables), Path(a.figures),
+                Path(a.out), [tuple(c) for c in grid.get("dense_columns", [])])

@@ -134,6 +134,11 @@ def _check_registries(config: dict) -> None:
     for name, spec in teacher_specs(config).items():
         names(f"teachers.{name}.size", [spec["size"]] if spec.get("size") else [], SIZES)
         names(f"teachers.{name}.students", spec.get("students") or [], config["sizes"])
+    if dense := config.get("dense"):
+        from linvit.dense.tasks import TASKS
+
+        names("dense.tasks", dense["tasks"], TASKS)
+        names("dense.stages", list(dense.get("stages") or {}), dense["tasks"])
 
 
 def _check_teachers(config: dict) -> None:

@@ -284,7 +284,7 @@ def grid_document(config: dict, cells: list[Cell]) -> dict:
     """What the report steps need to know about the grid: expected cells, axis orders and the
     tables its report has."""
     sub = config.get("loss_grid") or {}
-    return {
+    document = {
         "cells": [c.as_dict() for c in cells],
         "main_loss": config["main_loss"],
         "tables": report_tables(config, cells),
@@ -300,6 +300,12 @@ def grid_document(config: dict, cells: list[Cell]) -> dict:
                                         *(s for _, _, s in teachers(config, cells))])),
         },
     }
+    if config.get("dense"):              # the dense table's columns: each task's headline
+        from linvit.dense.tasks import TASKS
+
+        document["dense_columns"] = [[task, metric] for task in config["dense"]["tasks"]
+                                     for metric in TASKS[task].headline]
+    return document
 
 
 def bench_args(config: dict, out_dir: str) -> str:
