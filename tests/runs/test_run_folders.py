@@ -250,3 +250,23 @@ def test_foreign_safetensors_with_a_format_key_load_unchecked(tmp_path):
 
     save_file({"w": torch.ones(2)}, str(tmp_path / "hf.safetensors"), metadata={"format": "pt"})
     assert torch.equal(read_state_dict(tmp_path / "hf.safetensors")["w"], torch.ones(2))
+
+
+def test_an_input_among_the_files_a_run_removes_or_writes_is_refused_untouched(
+        tmp_path, mnist_root, capsys):
+    """--rerun replaces a folder's previous run; it must never delete or overwrite what the new
+    run reads (the run's own error message suggests --rerun)."""
+    out = tmp_path / "t"
+    assert pretrain(out, mnist_root) == 0
+    capsys.readouterr()
+    before = snapshot(out)
+    model = out / "model.safetensors"
+    assert cli.main(["robustness", "-o", str(out), f"checkpoint={model}",
+                     f"data.root={mnist_root}", "--rerun"]) == 2     # would remove it
+    line = one_error_line(capsys, "robustness")
+    assert line.startswith(f"linvit robustness: error: checkpoint: {model}")
+    assert "this run replaces (model.safetensors)" in line
+    assert cli.main(["select", "-o", str(out), f"teacher={model}", "size=cpu96",
+                     f"data.root={mnist_root}", "--rerun"]) == 2     # would overwrite it
+    assert "teacher: " in one_error_line(capsys, "select")
+    assert snapshot(out) == before

@@ -85,6 +85,18 @@ def check_output_path(out) -> Path:
     return path
 
 
+def _path_leaves(tree, prefix: str = ""):
+    """(dotted field, value) of every non-empty string in a config tree: the paths among them."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _path_leaves(v, f"{prefix}{k}.")
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from _path_leaves(v, f"{prefix}{i}.")
+    elif isinstance(tree, str) and tree.strip():
+        yield prefix.rstrip("."), tree
+
+
 def owned_names(stage: str) -> list[str]:
     outputs, others = STAGES[stage].outputs, STAGES[stage].scratch
     return [*COMMON, *outputs, *others]
@@ -144,6 +156,24 @@ class RunDir:
             self._discard = True
         else:
             raise RunDirError(problem.reason)
+        if not self.finished:
+            self._refuse_inputs_at_risk()
+
+    def _refuse_inputs_at_risk(self) -> None:
+        """An input of this run (any path in its config) that lies among the files it would
+        remove (the previous run's, when replacing) or write is refused, naming the field:
+        following --rerun must never delete what the run reads."""
+        removed = set(self._previous_files) | {MARKER} if self._discard else set()
+        at_risk = {(self.path / n).resolve(): n for n in {*owned_names(self.stage), *removed}}
+        for field, value in _path_leaves(self.config):
+            target = Path(value).expanduser().resolve()
+            hit = next((n for p, n in at_risk.items() if target == p or p in target.parents),
+                       None)
+            if hit is not None:
+                verb = "replaces" if hit in removed else "writes"
+                raise RunDirError(f"{field}: {value} lies in the output folder {self.path} among "
+                                  f"the files this run {verb} ({hit}); move it out of the folder "
+                                  "or choose another output folder")
 
     def _previous_run_problem(self) -> Problem | None:
         """Why the folder's previous run cannot simply be resumed or reused, or None."""
