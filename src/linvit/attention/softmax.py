@@ -15,6 +15,7 @@ from linvit.ops.linear_attention import softmax_attention_map
 class SoftmaxAttention(AttentionOperator):
     name = "softmax"
     supports_attn_drop = True
+    float32_core = False           # SDPA's fused kernels run in autocast's dtype
     # Attention transfer's copy mode (linvit.models.attention_copy): a (B, H, N, N) map from
     # the teacher that replaces this block's own for one forward; None: compute it.
     given_map: torch.Tensor | None = None

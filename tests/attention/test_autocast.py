@@ -1,0 +1,40 @@
+"""Every operator's core computes in float32 under autocast (CPU bf16 here; the same on CUDA where
+it exists), and whole models train under autocast without error."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linvit.attention import OPERATORS
+from linvit.models import ModelSpec, create_vit
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+FLOAT32_CORES = sorted(n for n, cls in OPERATORS.items() if cls.float32_core)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", FLOAT32_CORES)
+def test_the_core_and_its_map_compute_in_float32_under_autocast(name, device):
+    torch.manual_seed(0)
+    op = OPERATORS[name](dim=72, num_heads=3).to(device)
+    q, k, v = torch.randn(3, 2, 3, 50, 24, device=device)
+    want, want_map = op.global_mix(q, k, v), op.attention_map(q, k)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        got, got_map = op.global_mix(q, k, v), op.attention_map(q, k)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)   # float32's, not bf16's
+    torch.testing.assert_close(got_map, want_map, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_a_model_steps_under_autocast(name, device):
+    torch.manual_seed(0)
+    model = create_vit(ModelSpec("cpu96", name, 10, 28, 1)).to(device)
+    x = torch.randn(2, 1, 28, 28, device=device)
+    want = model(x)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        logits = model(x)
+    logits.float().logsumexp(-1).sum().backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+    torch.testing.assert_close(logits.float(), want, rtol=0.1, atol=0.1)   # bf16 projections
