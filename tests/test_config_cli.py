@@ -164,3 +164,19 @@ def test_map_losses_are_refused_where_the_map_is_not_row_stochastic(tmp_path, op
         # a zero weight switches the loss off: nothing to refuse
         load_config(DistillConfig, None, [*overrides[:2], f"distill.losses={{{loss}: 0, "
                                           "attn_out_mse: 1}"])
+
+
+def test_a_run_folders_saved_config_is_a_config_of_its_own_stage(tmp_path):
+    """config.yaml in a run folder wraps the resolved config with its stage (linvit.runs.rundir):
+    passed back with -c it rebuilds the same config, for that stage only."""
+    import dataclasses
+
+    from linvit.io import write_yaml
+
+    cfg = load_config(PretrainConfig, None, ["optim.epochs=3", "model.operator=gla"])
+    saved = tmp_path / "config.yaml"
+    write_yaml(saved, {"stage": "pretrain", "config": dataclasses.asdict(cfg)})
+    assert load_config(PretrainConfig, saved, ["optim.lr=0.01"], "pretrain") == \
+        dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=0.01))
+    with pytest.raises(ConfigError, match="the saved config of a pretrain run, not of probe"):
+        load_config(PretrainConfig, saved, [], "probe")

@@ -128,7 +128,7 @@ def run_command(args) -> int:
     if args.command == "demo":
         _resolve("linvit.demo:run_demo")(args.out, args.operator, args.overrides)
         return 0
-    cfg = load_config(stage_config(args.command), args.config, args.overrides)
+    cfg = load_config(stage_config(args.command), args.config, args.overrides, args.command)
     _check_device(cfg)
     metrics = _resolve(STAGES[args.command].entry)(cfg, args.out, replace=args.rerun)
     brief = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}

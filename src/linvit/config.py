@@ -215,7 +215,10 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())
 
 
-def load_config(cls, path: str | Path | None = None, overrides: list[str] = ()) -> Any:
+def load_config(cls, path: str | Path | None = None, overrides: list[str] = (),
+                stage: str | None = None) -> Any:
+    """A config dataclass from a YAML file (a plain config, or a run folder's config.yaml, which
+    wraps it with its stage: taken for that stage only) and dotted overrides."""
     data: dict = {}
     if path is not None:
         path = Path(path)
@@ -229,7 +232,17 @@ def load_config(cls, path: str | Path | None = None, overrides: list[str] = ()) 
             raise ConfigError(f"{path}: not valid YAML: {_one_line(e)}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of fields")
+        data = _unwrap_saved(data, path, stage)
     return build(cls, deep_merge(data, parse_overrides(list(overrides))))
+
+
+def _unwrap_saved(data: dict, path: Path, stage: str | None) -> dict:
+    """A run folder's config.yaml, {stage: ..., config: {...}}, as the config it holds."""
+    if set(data) != {"stage", "config"} or not isinstance(data["config"], dict):
+        return data
+    if stage is not None and data["stage"] != stage:
+        raise ConfigError(f"{path}: the saved config of a {data['stage']} run, not of {stage}")
+    return data["config"]
 
 
 def build(cls, data: dict, path: str = "") -> Any:
