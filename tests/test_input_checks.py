@@ -256,3 +256,20 @@ def test_a_partial_nested_override_keeps_the_fields_own_defaults(files):
                                             "distill.losses={attn_map_ce: 1.0}"])
     assert cfg.distill.losses == {"attn_map_ce": 1.0}       # replaces the default, not joins it
     assert load_config(ImportConfig, None, ["data.img_size=32"]).data.dataset == "imagefolder"
+
+
+def test_a_subset_larger_than_its_split_and_a_negative_process_count_are_refused(
+        tmp_path, mnist_root, capsys):
+    """Neither is silently taken for something else (the whole split; one process)."""
+    from linvit.models import ModelSpec, create_vit, save_model
+
+    model = tmp_path / "m.safetensors"
+    save_model(create_vit(ModelSpec("cpu96", "softmax", 10, 28, 1)), model)
+    args = ["evaluate", "-o", str(tmp_path / "e"), f"checkpoint={model}", f"data.root={mnist_root}"]
+    assert cli.main([*args, "data.test_subset=100000"]) == 2
+    assert "data.test_subset: 100000 samples asked, the split has 256" in \
+        one_error_line(capsys, "evaluate")
+    assert not (tmp_path / "e").exists()
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--nproc", "-3", *args])
+    assert exit_.value.code == 2 and "not a count of processes" in capsys.readouterr().err

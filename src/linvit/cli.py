@@ -27,9 +27,16 @@ def stage_config(name: str) -> type:
     return _resolve(STAGES[name].config)
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a count of processes (1 or more)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="linvit", description=__doc__.split("\n")[0])
-    parser.add_argument("--nproc", type=int, default=1,
+    parser.add_argument("--nproc", type=_positive_int, default=1,
                         help="processes (GPUs) for data-parallel training; >1 relaunches "
                              "this command under torch.distributed.run (run.threads is then "
                              "shared among them)")

@@ -23,9 +23,13 @@ class DataInfo:
     class_names: tuple = ()
 
 
-def subset_indices(n: int, k: int | None, seed: int = 0) -> torch.Tensor | None:
-    """A fixed random subset of k of n samples, the same for every run that asks for k."""
-    if k is None or k >= n:
+def subset_indices(n: int, k: int | None, seed: int = 0,
+                   field: str = "subset") -> torch.Tensor | None:
+    """A fixed random subset of k of n samples, the same for every run that asks for k (None:
+    all of them). More than n is refused, naming `field`: a count that is not the one reported."""
+    if k is not None and k > n:
+        raise DataError(f"{field}: {k} samples asked, the split has {n}")
+    if k is None or k == n:
         return None
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k].sort().values
 
@@ -56,7 +60,8 @@ class InMemoryDataset:
     def loader(self, root, split, *, batch_size, train, subset=None, seed=0, rank=0, world=1,
                img_size=None, workers=0):
         images, labels = self.arrays(root, split)
-        idx = subset_indices(len(labels), subset)
+        idx = subset_indices(len(labels), subset,
+                             field=f"data.{'train' if train else 'test'}_subset")
         if idx is not None:
             images, labels = images[idx], labels[idx]
         info = self.info(root, img_size)

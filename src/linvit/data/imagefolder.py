@@ -53,8 +53,10 @@ class ImageFolderDataset:
         transform = create_transform(info.img_size, is_training=train, mean=info.mean,
                                      std=info.std)
         ds = ImageFolder(str(self._split_dir(root, split)), transform=transform)
-        if subset is not None and subset < len(ds):
-            from linvit.data.base import subset_indices
-            ds = torch.utils.data.Subset(ds, subset_indices(len(ds), subset).tolist())
+        from linvit.data.base import subset_indices
+
+        idx = subset_indices(len(ds), subset, field=f"data.{'train' if train else 'test'}_subset")
+        if idx is not None:
+            ds = torch.utils.data.Subset(ds, idx.tolist())
         return TorchLoader(ds, batch_size, shuffle=train, seed=seed, rank=rank, world=world,
                            workers=workers)

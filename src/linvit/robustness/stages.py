@@ -68,7 +68,7 @@ def uint8_test_split(data, samples: int | None) -> tuple[torch.Tensor, torch.Ten
     if not hasattr(ds, "arrays"):                        # folders: the evaluation transform
         return _folder_split(ds, data, samples)
     images, labels = ds.arrays(data.root, "test")        # in-memory datasets
-    idx = subset_indices(len(labels), samples)
+    idx = subset_indices(len(labels), samples, field="corruptions.samples")
     return (images, labels) if idx is None else (images[idx], labels[idx])
 
 
@@ -80,7 +80,7 @@ def _folder_split(ds, data, samples) -> tuple[torch.Tensor, torch.Tensor]:
     info = ds.info(data.root, data.img_size)
     folder = ImageFolder(str(ds._split_dir(data.root, "test")),
                          transform=create_transform(info.img_size, normalize=False))
-    idx = subset_indices(len(folder), samples)
+    idx = subset_indices(len(folder), samples, field="corruptions.samples")
     pairs = [folder[i] for i in (range(len(folder)) if idx is None else idx.tolist())]
     return torch.stack([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs])
 
