@@ -120,6 +120,14 @@ def test_a_job_refuses_code_that_changed_since_its_stamp(tmp_path, capsys):
     assert "linvit/cli.py, linvit/gone.py differ" in err and out == ""
     assert cli.main(["--code-stamp", str(tmp_path / "none.txt"), "list"]) == 2
     assert "cannot read the code stamp" in capsys.readouterr().err
+    # a stamp that checks nothing does not pass: empty, comments only, or paths outside linvit
+    for text, why in [("", "lists no source file"), ("# sources\n", "lists no source file"),
+                      ("0" * 64 + "  ../../etc/passwd\n", "not a source file of the linvit"),
+                      ("0" * 64 + "  /abs/linvit/x.py\n", "not a source file of the linvit"),
+                      ("zz  linvit/cli.py\n", "not a sha256")]:
+        bad.write_text(text)
+        assert cli.main(["--code-stamp", str(bad), "list"]) == 2
+        assert why in capsys.readouterr().err, text
 
 
 def test_missing_dataset_names_the_paths_and_the_fix(tmp_path, capsys):
