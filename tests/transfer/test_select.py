@@ -109,3 +109,24 @@ def test_select_stage_writes_a_teacher_that_strategies_take(tmp_path, mnist_root
     assert copied["summary"]["teacher"] > 0
     assert cli.main(["select", "-o", str(tmp_path / "x"), f"teacher={big}", "size=deit_b",
                      f"data.root={mnist_root}"]) == 2
+
+
+@pytest.mark.parametrize("head", ["trained", "new"])
+def test_a_selected_teacher_keeps_the_state_of_its_head(tmp_path, mnist_root, head):
+    """A self-supervised teacher's new head stays marked untrained through selection, so logit
+    KD against it is refused after select as it is before."""
+    from linvit.models.checkpoint import head_state
+    from linvit.models.tensor_files import HEAD_KEY
+
+    big = tmp_path / "big.safetensors"
+    save_model(make_model(ModelSpec("cpu192", "softmax", 10, 28, 1)), big, {HEAD_KEY: head})
+    out = tmp_path / "selected"
+    assert cli.main(["select", "-o", str(out), f"teacher={big}", "size=cpu96",
+                     f"data.root={mnist_root}"]) == 0
+    assert head_state(out / "model.safetensors") == head_state(big) == head
+    kd = ["finetune", "-o", str(tmp_path / "kd"), f"teacher={out}/model.safetensors",
+          "init.strategy=copy_mlp", "model.operator=linear", "kd.weight=0.5",
+          f"data.root={mnist_root}", "optim.epochs=1", "data.train_subset=64",
+          "data.batch_size=32", "optim.warmup_epochs=0",
+          "data.test_subset=32", "run.progress=false"]
+    assert cli.main(kd) == (0 if head == "trained" else 2)

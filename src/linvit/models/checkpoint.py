@@ -73,6 +73,12 @@ def head_state(path: str | Path) -> str:
     return json.loads(raw) if raw else "trained"
 
 
+def carried_metadata(path: str | Path) -> dict:
+    """What a model made from the model file at `path` (a selection, a distillation) must say of
+    it, for the stages after it to check: the state of its head."""
+    return {HEAD_KEY: head_state(path)}
+
+
 def read_spec(path: str | Path) -> ModelSpec:
     """The ModelSpec a linvit model file carries, checked field by field (no tensor is read)."""
     raw = read_metadata(path).get(SPEC_KEY)

@@ -18,7 +18,7 @@ from linvit.errors import ConfigError
 from linvit.io import write_json
 from linvit.models import ModelSpec, create_vit, load_model, read_spec, read_state_dict, save_model
 from linvit.models.attention_copy import MAPS_KEY
-from linvit.models.checkpoint import head_state
+from linvit.models.checkpoint import carried_metadata, head_state
 from linvit.runs.evaluation import evaluate, make_loaders
 from linvit.runs.stage import completed_metrics, start_run
 from linvit.train.common import evaluate_init, finish_training
@@ -218,7 +218,7 @@ def run_select(cfg, out, replace: bool = False) -> dict:
     write_json(run.path / "selected.json", {"teacher": cfg.teacher, "teacher_size": teacher.size,
                                            "size": cfg.size,
                                            **{k: v.tolist() for k, v in index.items()}})
-    save_model(model, run.model)
+    save_model(model, run.model, carried_metadata(cfg.teacher))     # e.g. an untrained head
     metrics = {"params": sum(p.numel() for p in model.parameters()), "spec": spec.as_dict()}
     if test is not None:
         metrics["top1"] = evaluate(model.to(rt.device), test, rt, info.num_classes)["top1"]
