@@ -194,3 +194,29 @@ def test_timm_pretrained_loader_fills_our_softmax_operator(tmp_path):
     torch.testing.assert_close(model.forward_features(x), ref.forward_features(x), rtol=1e-4,
                                atol=1e-4)
     assert model(x).shape == (1, 10)
+
+
+def test_the_same_tensors_and_metadata_give_the_same_file_bytes(tmp_path):
+    """Written in two processes (the library orders metadata by a per-process hash), the files
+    are byte-identical, and read back as written."""
+    import hashlib
+    import subprocess
+    import sys
+
+    script = """
+import sys, torch
+from linvit.models.tensor_files import save_tensors
+torch.manual_seed(0)
+tensors = {"b": torch.randn(3, 5), "a": torch.arange(7), "c": torch.randn(2).bfloat16()}
+save_tensors(sys.argv[1], tensors, {f"key{i}": str(i) for i in range(8)})
+"""
+    files = [tmp_path / f"{i}.safetensors" for i in range(2)]
+    for f in files:
+        subprocess.run([sys.executable, "-c", script, str(f)], check=True)
+    digests = {hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    assert len(digests) == 1
+    from linvit.models.tensor_files import load_tensors
+
+    tensors, meta = load_tensors(files[0])
+    assert meta["key5"] == "5" and tensors["a"].tolist() == list(range(7))
+    assert tensors["c"].dtype == torch.bfloat16

@@ -8,11 +8,12 @@ reported. Foreign safetensors files (no linvit metadata) load unchecked.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors.torch import load_file, safe_open, save
 
 from linvit.errors import CheckpointError
 from linvit.io import write_atomic
@@ -37,10 +38,22 @@ def tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
-    """Atomically write tensors with their digest; metadata values must be strings."""
+    """Atomically write tensors with their digest; metadata values must be strings. The same
+    tensors and metadata give the same bytes (canonical_safetensors)."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     meta = {**metadata, DIGEST_KEY: tensor_digest(tensors)}
-    write_atomic(path, lambda p: save_file(tensors, str(p), metadata=meta))
+    data = canonical_safetensors(save(tensors, metadata=meta))
+    write_atomic(path, lambda p: Path(p).write_bytes(data))
+
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """A safetensors file with its JSON header in one fixed form (keys sorted, no spaces, padded
+    to 8 bytes as the format asks): the library writes the metadata in hash order, which varies
+    from process to process. The tensor bytes and their offsets are untouched."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8:8 + n]), sort_keys=True, separators=(",", ":"))
+    header = header.encode() + b" " * (-len(header.encode()) % 8)
+    return len(header).to_bytes(8, "little") + header + data[8 + n:]
 
 
 def load_tensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
