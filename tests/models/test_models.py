@@ -147,14 +147,14 @@ def test_bad_files_fail_clearly(tmp_path):
         load_model(tmp_path / "plain.safetensors")
 
 
-@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth", ".pth.tar"])
 def test_timm_weights_import_from_a_local_file(tmp_path, tiny_spec, suffix):
     """A plain timm ViT (timm's own Attention) becomes a linvit teacher with identical outputs."""
     torch.manual_seed(0)
     ref = VisionTransformer(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=96,
                             depth=6, num_heads=3).eval()
     path = tmp_path / f"timm{suffix}"
-    if suffix == ".pth":
+    if suffix != ".safetensors":           # .pth.tar: MoCo v3's and DeiT's own checkpoints
         torch.save({"model": ref.state_dict()}, path)
     else:
         save_file(ref.state_dict(), str(path))
@@ -162,6 +162,17 @@ def test_timm_weights_import_from_a_local_file(tmp_path, tiny_spec, suffix):
     x = torch.randn(2, 1, 28, 28)
     torch.testing.assert_close(model.eval()(x), ref(x), rtol=1e-5, atol=1e-5)
     assert report["reset"] == []
+
+
+def test_non_finite_weights_stop_at_import(tmp_path, tiny_spec):
+    torch.manual_seed(0)
+    ref = VisionTransformer(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=96,
+                            depth=6, num_heads=3)
+    state = ref.state_dict()
+    state["blocks.3.mlp.fc1.weight"][0, 0] = float("nan")
+    save_file(state, str(tmp_path / "nan.safetensors"))
+    with pytest.raises(CheckpointError, match="non-finite weights .* blocks.3.mlp.fc1.weight"):
+        import_timm_weights(tiny_spec, tmp_path / "nan.safetensors")
 
 
 def test_timm_import_head_mismatch_needs_reset(tmp_path, tiny_spec):
