@@ -8,7 +8,7 @@ import torch
 
 from linvit import cli
 from linvit.io import read_json
-from linvit.models import ModelSpec, load_model
+from linvit.models import ModelSpec, load_model, save_model
 from linvit.models.checkpoint import head_state
 
 from conftest import make_model, perturb
@@ -131,3 +131,36 @@ def test_timm_name_and_file_together_are_refused(tmp_path, capsys):
     assert cli.main(["import-teacher", "-o", str(tmp_path / "t"), "timm_name=x",
                      f"file={__file__}"]) == 2
     assert "timm_name" in capsys.readouterr().err
+
+
+TEACHER_STAGES = {   # every stage that reads a teacher, with what else it needs
+    "distill": ["model.operator=linear"],
+    "finetune": ["model.operator=linear", "init.strategy=copy_mlp"],
+    "init": ["model.operator=linear", "init.strategy=copy_mlp"],
+    "select": ["size=cpu96"],
+    "attention-maps": [],
+}
+
+
+@pytest.mark.parametrize("stage", sorted(TEACHER_STAGES))
+@pytest.mark.parametrize("teacher, why", [
+    ("linear", "is a linear model; a teacher is a softmax ViT"),
+    ("extra", "is not a softmax cpu96 model (unexpected: extra.tensor)"),
+])
+def test_every_stage_refuses_a_teacher_that_is_not_a_plain_softmax_model(
+        tmp_path, mnist_root, capsys, stage, teacher, why):
+    """One teacher check (models.checkpoint.check_teacher) serves every stage: a student of
+    another operator, or a softmax file with a tensor too many, teaches nothing."""
+    from linvit.models.tensor_files import load_tensors, save_tensors
+
+    path = tmp_path / "teacher.safetensors"
+    operator = "linear" if teacher == "linear" else "softmax"
+    save_model(make_model(ModelSpec("cpu96", "softmax", 10, 28, 1), operator), path)
+    if teacher == "extra":
+        tensors, meta = load_tensors(path)
+        save_tensors(path, {**tensors, "extra.tensor": torch.zeros(2)}, meta)
+    out = tmp_path / "out"
+    assert cli.main([stage, "-o", str(out), f"teacher={path}", f"data.root={mnist_root}",
+                     *TEACHER_STAGES[stage]]) == 2
+    assert why in capsys.readouterr().err
+    assert not out.exists()

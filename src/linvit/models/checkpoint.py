@@ -73,6 +73,25 @@ def head_state(path: str | Path) -> str:
     return json.loads(raw) if raw else "trained"
 
 
+def check_teacher(path: str | Path, field: str = "teacher") -> ModelSpec:
+    """The one check of a teacher, for every stage that reads one: a linvit softmax model whose
+    tensors are exactly a softmax model's of its spec (no extra or missing tensor), standing on
+    its own (not a student driven by another teacher's maps). Returns its spec."""
+    spec = read_spec(path)
+    if spec.operator != "softmax":
+        raise CheckpointError(f"{field}: {path} is a {spec.operator} model; a teacher is a "
+                              "softmax ViT")
+    if MAPS_KEY in read_metadata(path):
+        raise CheckpointError(f"{field}: {path} runs on its own teacher's attention maps "
+                              "(attention transfer, copy mode); it cannot teach attention")
+    report = mismatch_report(create_vit(spec), read_state_dict(path))
+    problems = [f"{kind}: {', '.join(keys[:5])}" for kind, keys in report.items() if keys]
+    if problems:
+        raise CheckpointError(f"{field}: {path} is not a softmax {spec.size} model "
+                              f"({'; '.join(problems)})")
+    return spec
+
+
 def carried_metadata(path: str | Path) -> dict:
     """What a model made from the model file at `path` (a selection, a distillation) must say of
     it, for the stages after it to check: the state of its head."""

@@ -18,7 +18,7 @@ from linvit.errors import ConfigError
 from linvit.io import write_json
 from linvit.models import ModelSpec, create_vit, load_model, read_spec, read_state_dict, save_model
 from linvit.models.attention_copy import MAPS_KEY
-from linvit.models.checkpoint import carried_metadata, head_state
+from linvit.models.checkpoint import carried_metadata, check_teacher, head_state
 from linvit.runs.evaluation import evaluate, make_loaders
 from linvit.runs.stage import completed_metrics, start_run
 from linvit.train.common import evaluate_init, finish_training
@@ -85,6 +85,7 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     if run.finished:
         return completed_metrics(run)
     info, train_loader, test_loader = make_loaders(cfg.data, rt)
+    check_teacher(cfg.teacher)
     teacher = load_model(cfg.teacher)
     if cfg.distill.losses.get("logit_kd"):
         check_kd_teacher(cfg.teacher, info, "distill.losses.logit_kd")
@@ -125,7 +126,7 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
 
 def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:
     """A new student of the configured operator, initialised by the configured strategy."""
-    spec = student_spec(cfg, read_spec(cfg.teacher), info)
+    spec = student_spec(cfg, check_teacher(cfg.teacher), info)
     if cfg.distilled:
         check_distilled(cfg.distilled, spec)
     strategy = cfg.init.resolve()
@@ -202,10 +203,7 @@ def run_select(cfg, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "select", replace)
     if run.finished:
         return completed_metrics(run)
-    teacher = read_spec(cfg.teacher)
-    if teacher.operator != "softmax":
-        raise ConfigError(f"teacher: {cfg.teacher} is a {teacher.operator} model; weight "
-                          "selection takes a softmax teacher")
+    teacher = check_teacher(cfg.teacher)
     spec = ModelSpec(cfg.size, "softmax", teacher.num_classes, teacher.img_size, teacher.in_chans)
     model = create_vit(spec)
     model.load_state_dict(select_state(read_state_dict(cfg.teacher), teacher.size,
