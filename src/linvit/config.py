@@ -113,6 +113,9 @@ class DataCfg:
 
     def validate(self, p: str) -> None:
         one_of(f"{p}.dataset", self.dataset, DATASETS)
+        if self.root is not None and not getattr(DATASETS[self.dataset], "reads_root", True):
+            raise ConfigError(f"{p}.root: {self.dataset} reads no folder (its data ships with "
+                              f"its package); leave {p}.root unset")
         for name in ("img_size", "train_subset", "test_subset", "batch_size", "eval_batch_size"):
             positive(f"{p}.{name}", getattr(self, name))
         positive(f"{p}.workers", self.workers, allow_zero=True)

