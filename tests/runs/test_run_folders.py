@@ -270,3 +270,26 @@ def test_an_input_among_the_files_a_run_removes_or_writes_is_refused_untouched(
                      f"data.root={mnist_root}", "--rerun"]) == 2     # would overwrite it
     assert "teacher: " in one_error_line(capsys, "select")
     assert snapshot(out) == before
+
+
+def test_a_run_whose_input_file_changed_is_no_longer_complete(tmp_path, mnist_root, capsys):
+    """metrics.json lists the digests of the files the run read: a changed input makes the run
+    stale (not reported, not reused); a gone one cannot be checked and does not count."""
+    teacher = tmp_path / "teacher.safetensors"
+    torch.manual_seed(0)
+    save_model(create_vit(ModelSpec("cpu96", "softmax", 10, 28, 1)), teacher)
+    out = tmp_path / "e"
+    assert evaluate(out, teacher, mnist_root) == 0
+    assert str(teacher.resolve()) in read_json(out / "metrics.json")["inputs"]
+    assert verified_metrics(out) is not None
+    original = teacher.read_bytes()
+    torch.manual_seed(1)
+    save_model(create_vit(ModelSpec("cpu96", "softmax", 10, 28, 1)), teacher)
+    assert verified_metrics(out) is None
+    capsys.readouterr()
+    assert evaluate(out, teacher, mnist_root) == 2
+    assert "fails verification" in one_error_line(capsys, "evaluate")
+    teacher.write_bytes(original)
+    assert verified_metrics(out) is not None
+    teacher.unlink()
+    assert verified_metrics(out) is not None

@@ -34,7 +34,7 @@ from linvit.io import (
 )
 from linvit.runs.environment import environment, log_to
 from linvit.runs.lock import LOCK, release_lock, take_lock
-from linvit.runs.verify import verified_metrics
+from linvit.runs.verify import input_digests, verified_metrics
 from linvit.stages import STAGES
 from linvit.trees import non_finite
 
@@ -281,7 +281,9 @@ class RunDir:
             if not target.exists():
                 raise RunFailed(f"{target}: a declared output is missing")
             outputs[name] = sha256_file(target) if target.is_file() else None
-        metrics = {**metrics, "stage": self.stage, "env": environment(), "outputs": outputs}
+        inputs = input_digests(value for _, value in _path_leaves(self.config))
+        metrics = {**metrics, "stage": self.stage, "env": environment(), "outputs": outputs,
+                   "inputs": inputs}
         write_json(self.metrics, metrics)
         self.checkpoint.unlink(missing_ok=True)
         log.info("finished: %s", self.metrics)
