@@ -19,6 +19,7 @@ from linvit.models.tensor_files import (
     SPEC_KEY,
     read_state_dict,
     save_tensors,
+    tensor_shapes,
 )
 from linvit.models.vit import LinvitViT, create_vit
 
@@ -84,7 +85,8 @@ def check_teacher(path: str | Path, field: str = "teacher") -> ModelSpec:
     if MAPS_KEY in read_metadata(path):
         raise CheckpointError(f"{field}: {path} runs on its own teacher's attention maps "
                               "(attention transfer, copy mode); it cannot teach attention")
-    report = mismatch_report(create_vit(spec), read_state_dict(path))
+    # the layout from the file's header: the stage's own load reads (and verifies) the tensors
+    report = mismatch_report(create_vit(spec), tensor_shapes(path))
     problems = [f"{kind}: {', '.join(keys[:5])}" for kind, keys in report.items() if keys]
     if problems:
         raise CheckpointError(f"{field}: {path} is not a softmax {spec.size} model "
