@@ -1,7 +1,7 @@
 # linvit ablation workflow: teacher -> distill -> finetune cells -> collect -> tables, figures, report.
 # `snakemake dense` adds the dense tasks (UperNet, Mask R-CNN) on chosen backbones.
-# The grid, paths, CLI arguments and code-dependency map come from linvit.workflow (grid.py,
-# deps.py); rules here only wire them.
+# The jobs (each with its paths, key and command) and the code-dependency map come from
+# linvit.workflow (plan.py, jobs.py, deps.py); rules here only look them up.
 import sys
 from pathlib import Path
 

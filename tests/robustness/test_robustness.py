@@ -230,7 +230,8 @@ def test_report_table_has_the_teacher_first_differences_to_it_and_missing_cells(
     cells = [{**cell, "seed": 0}, {**cell, "seed": 1}, {**cell, "init": "copy_mlp", "seed": 0}]
     records = [
         robustness_record({"dataset": "d", "size": "s", "operator": "softmax",
-                           "init": "teacher"}, shifts={"imagenet_a": 5.0}),
+                           "init": "teacher", "loss": "none", "seed": None},
+                          shifts={"imagenet_a": 5.0}),
         robustness_record(cells[0], sets={"contrast": {"1": 50.0, "5": 20.0},
                                           "gaussian_noise": {"1": 40.0, "5": 10.0}}),
         robustness_record(cells[1], sets={"contrast": {"1": 52.0, "5": 22.0},

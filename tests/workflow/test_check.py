@@ -3,7 +3,6 @@ runs, and the stored verdict (linvit.workflow.memo)."""
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -99,7 +98,7 @@ def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
     assert counts == {"PretrainConfig": len(grid.teachers(config, cells)),
                       "DistillConfig": len(grid.distillations(cells)),
                       "FinetuneConfig": len(cells) + len(dense_jobs.dense_cells(config, cells)),
-                      "ScenesConfig": 1, "DenseConfig": len(dense_jobs.dense_jobs(config, cells)),
+                      "ScenesConfig": 1, "DenseConfig": len(dense_jobs.dense_runs(config, cells)),
                       "BenchConfig": 1, "MapsConfig": len(grid.attention_models(config, cells)),
                       "CorruptConfig": len(config["datasets"]),
                       "RobustnessConfig": len(grid.teachers(config, cells)) + len(cells)}
@@ -119,18 +118,19 @@ def test_check_config_covers_the_paper_grid():
     maps = grid.attention_models(config, cells)
     assert maps[0] == grid.MAPS_TEACHER and len(maps) == 1 + len(config["operators"])
     robustness = len(config["datasets"]) + len(grid.teachers(config, cells)) + len(cells)
-    dense = 1 + len(dense_jobs.dense_jobs(config, cells))            # scenes + the dense jobs
+    dense = 1 + len(dense_jobs.dense_runs(config, cells))            # scenes + the dense jobs
     assert len(jobs) == (len(grid.imports(config, cells)) + len(grid.teachers(config, cells))
                          + len(grid.distillations(cells)) + len(cells)
                          + len(maps) + 1 + robustness + dense)
-    assert {field for field, _, _ in jobs} >= {"teachers.deit_t", "stages.finetune", "bench",
+    assert {field for field, *_ in jobs} >= {"teachers.deit_t", "stages.finetune", "bench",
                                                  "robustness.corruptions", "robustness",
                                                  "dense.stages.segment", "dense.stages.detect"}
-    dense_args = [shlex.split(a) for f, _, a in jobs if f.startswith("dense.stages.")]
-    assert all({'model.neck="adapter"', 'data.kind="ade20k"'} <= set(a) for a in dense_args
-               if a[0] == "segment")
-    assert {a[0] for a in dense_args} == {"segment", "detect"}
-    shifts = {o for _, _, args in jobs for o in shlex.split(args) if o.startswith("shifts.")}
+    dense_args = [(stage, set(words)) for f, _, stage, words in jobs
+                  if f.startswith("dense.stages.")]
+    assert all({'model.neck="adapter"', 'data.kind="ade20k"'} <= words
+               for stage, words in dense_args if stage == "segment")
+    assert {stage for stage, _ in dense_args} == {"segment", "detect"}
+    shifts = {o for _, _, _, words in jobs for o in words if o.startswith("shifts.")}
     assert {o.split("=")[0] for o in shifts} == {f"shifts.{name}" for name in SHIFTS}
     check.check_config(config, str(ROOT / "Snakefile"))
 

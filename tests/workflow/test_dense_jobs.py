@@ -1,20 +1,19 @@
 """The dense sub-grid's jobs: backbones, seeds and the report's dense section."""
 from __future__ import annotations
 
-import shlex
+from linvit.workflow import dense_jobs, grid
+from linvit.workflow.plan import plan
 
-from linvit.workflow import check, dense_jobs, grid
-
-from grid_configs import ROOT, default_config
+from grid_configs import default_config
 
 
-def test_dense_backbones_of_dotted_loss_names_round_trip():
+def test_a_dense_job_s_key_names_its_backbone():
     cell = grid.Cell("fashion_mnist", "t", "cpu96", "linear", "copy_mlp+distill", "map.v2", 1)
-    job = dense_jobs.DenseJob("segment", "fashion_mnist", "t", "cpu96",
-                              dense_jobs.backbone_label(cell))
-    assert job.cell == cell and job.seed == 1 and job.key()["seed"] == 1
-    teacher = dense_jobs.DenseJob("segment", "fashion_mnist", "t", "cpu96", "teacher.seed3")
-    assert teacher.cell is None and teacher.seed == 3
+    run = dense_jobs.DenseRun("segment", "fashion_mnist", "t", "cpu96", cell, 1)
+    assert run.backbone == "linear.copy_mlp+distill.map.v2.seed1"
+    assert run.key() == {**cell.as_dict(), "task": "segment"}
+    teacher = dense_jobs.DenseRun("segment", "fashion_mnist", "t", "cpu96", None, 3)
+    assert teacher.backbone == "teacher.seed3"
     assert teacher.key() == {"task": "segment", "dataset": "fashion_mnist", "teacher": "t",
                              "size": "cpu96", "operator": "softmax", "init": "teacher",
                              "loss": "none", "seed": 3}
@@ -27,11 +26,11 @@ def test_every_dense_job_trains_its_heads_with_its_own_seed():
     config["dense"] = {**config["dense"], "seeds": [0, 2]}
     config["dense"]["stages"] = {**config["dense"]["stages"], "detect": {
         **config["dense"]["stages"]["detect"], "run": {"seed": 7}}}
-    jobs = dense_jobs.dense_jobs(config, grid.expand_grid(config))
-    assert {j.backbone for j in jobs if j.cell is None} == {"teacher.seed0", "teacher.seed2"}
+    jobs = plan(config).of("dense")
+    assert {j.wildcards["backbone"] for j in jobs if j.key["init"] == "teacher"} == {
+        "teacher.seed0", "teacher.seed2"}
     for job in jobs:
-        args = shlex.split(dense_jobs.dense_args(config, job, "m.safetensors", "scenes", "out"))
-        assert f"run.seed={job.seed}" in args, (job, args)
+        assert f"run.seed={job.key['seed']}" in job.words(), job.folder
 
 
 def test_the_report_has_the_dense_section_when_asked_or_once_it_exists(tmp_path):
@@ -53,11 +52,11 @@ def test_dense_seeds_beyond_the_grid_s_add_backbone_cells_for_the_dense_sub_grid
     assert {(c.operator, c.init, c.seed) for c in extra} == {
         ("linear", init, 1) for init in config["dense"]["strategies"]}
     assert not set(extra) & set(cells)
-    finetunes = {where for field, where, _ in check.job_arguments(config, str(ROOT / "Snakefile"))
-                 if field == "stages.finetune"}
-    assert {grid.cell_dir("", c).lstrip("/") for c in extra} <= finetunes
-    backbones = {j.backbone for j in dense_jobs.dense_jobs(config, cells) if j.task == "segment"}
-    assert backbones == {"teacher.seed0", "teacher.seed1"} | {
-        dense_jobs.backbone_label(c) for c in extra} | {
-        dense_jobs.backbone_label(c) for c in cells if c.operator == "linear" and c.seed == 0
+    jobs = plan(config)
+    assert {grid.Cell(**j.key) for j in jobs.of("cell")} == set(cells) | set(extra)
+    assert jobs.cells == cells                           # the tables' cells: the grid's alone
+    backbones = {j.wildcards["backbone"] for j in jobs.of("dense") if j.key["task"] == "segment"}
+    label = "{0.operator}.{0.init}.{0.loss}.seed{0.seed}".format
+    assert backbones == {"teacher.seed0", "teacher.seed1"} | {label(c) for c in extra} | {
+        label(c) for c in cells if c.operator == "linear" and c.seed == 0
         and c.init in config["dense"]["strategies"] and c.loss in ("none", config["main_loss"])}

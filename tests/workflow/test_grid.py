@@ -2,12 +2,11 @@
 tables per axis."""
 from __future__ import annotations
 
-import shlex
-
 from linvit.config import load_config
 from linvit.report.claims import CLAIMS, SOFTMAX
 from linvit.transfer.config import FinetuneConfig
 from linvit.workflow import check, grid
+from linvit.workflow.plan import plan
 
 from grid_configs import ROOT, default_config, teacher_axis_config
 
@@ -35,20 +34,22 @@ def test_loss_is_none_exactly_for_strategies_without_distillation():
         assert (c.loss == "none") == (c.init not in ("distill", "copy_mlp+distill"))
 
 
+def words(config: dict, kind: str, stand_in: str | None = None, **wildcards) -> list[str]:
+    """The override words of the job of `kind` with these wildcards."""
+    return plan(config).find(kind, wildcards).words(stand_in)
+
+
 def test_job_arguments_are_valid_linvit_configs(tmp_path):
-    config = default_config()
-    cell = grid.Cell("fashion_mnist", "pretrain", "cpu96", "focused", "copy_mlp+distill", "out",
-                     3)
+    config = {**default_config(), "operators": ["focused"], "seeds": [3]}
     teacher = tmp_path / "t.safetensors"
     teacher.write_bytes(b"")
-    words = shlex.split(grid.finetune_args(config, cell, str(teacher), str(teacher), "OUT"))
-    assert words[:4] == ["finetune", "-o", "OUT", "--rerun"]
-    cfg = load_config(FinetuneConfig, None, words[4:])
+    cell = dict(dataset="fashion_mnist", teacher="pretrain", size="cpu96", operator="focused",
+                init="copy_mlp+distill", loss="out", seed=3)
+    cfg = load_config(FinetuneConfig, None, words(config, "cell", str(teacher), **cell))
     assert (cfg.model.operator, cfg.init.strategy, cfg.run.seed) == \
         ("focused", "copy_mlp+distill", 3)
     assert cfg.data.train_subset == config["stages"]["finetune"]["data"]["train_subset"]
-    distill = shlex.split(grid.distill_args(config, "fashion_mnist", "pretrain", "cpu96",
-                                            "linear", "map+out", str(teacher), "D"))
+    distill = words(config, "distill", **{**cell, "operator": "linear", "loss": "map+out"})
     assert 'distill.losses={"attn_map_ce": 1.0, "attn_out_mse": 1.0}' in distill
 
 
@@ -57,16 +58,19 @@ def test_each_distillation_gets_exactly_its_loss_design(tmp_path):
     from linvit.transfer.config import DistillConfig
     config, teacher = default_config(), str(ROOT / "Snakefile")
     for design, weights in config["losses"].items():
-        words = shlex.split(grid.distill_args(config, "fashion_mnist", "pretrain", "cpu96",
-                                              "linear", design, teacher, "D"))
-        assert load_config(DistillConfig, None, words[4:]).distill.losses == weights, design
+        overrides = words(config, "distill", teacher, dataset="fashion_mnist", teacher="pretrain",
+                          size="cpu96", operator="linear", loss=design)
+        assert load_config(DistillConfig, None, overrides).distill.losses == weights, design
 
 
 def test_robustness_folders_mirror_the_models_they_score():
-    cell = grid.Cell("d", "t", "s", "linear", "copy_mlp", "none", 0)
-    folder = "res/robustness/cells/d/t/s/linear/copy_mlp/none/seed0"
-    assert grid.robustness_dir("res", "d", "t", "s", cell) == folder
-    assert grid.robustness_dir("res", "d", "t", "s") == "res/robustness/teachers/d/t/s"
+    jobs = plan(default_config())
+    cell = jobs.of("cell")[0]
+    scored = jobs.find("robustness_cell", cell.wildcards)
+    assert scored.folder == cell.folder.replace("results/", "results/robustness/", 1)
+    teacher = jobs.find("robustness_teacher", jobs.of("teacher")[0].wildcards)
+    assert teacher.folder == "results/robustness/teachers/fashion_mnist/pretrain/cpu96"
+    assert scored.inputs[0] == cell.output and scored.overrides["checkpoint"] == cell.model
 
 
 def test_teacher_axis_makes_selects_and_probes_each_teacher(tmp_path, monkeypatch):
@@ -84,15 +88,18 @@ def test_teacher_axis_makes_selects_and_probes_each_teacher(tmp_path, monkeypatc
     assert stages == {("pretrain", "cpu96"): "pretrain", ("wide", "cpu192"): "pretrain",
                       ("wide", "cpu96"): "select", ("deit", "cpu96"): "probe"}
     assert grid.imports(config, cells) == [("fashion_mnist", "deit", "cpu96")]
-    assert grid.teacher_source("R", config, "fashion_mnist", "wide", "cpu96") == \
-        "R/teachers/fashion_mnist/wide/cpu192"
-    assert grid.teacher_source("R", config, "fashion_mnist", "deit", "cpu96") == \
-        "R/imports/fashion_mnist/deit/cpu96"
-    select = shlex.split(grid.teacher_args(config, "fashion_mnist", "wide", "cpu96", "BIG", "O"))
-    assert select[0] == "select" and {"teacher=\"BIG\"", "size=\"cpu96\""} <= set(select)
-    probe = shlex.split(grid.teacher_args(config, "fashion_mnist", "deit", "cpu96", "IMP", "O"))
-    assert probe[0] == "probe" and {"teacher=\"IMP\"", "mode=\"linear\""} <= set(probe)
-    imported = shlex.split(grid.import_args(config, "fashion_mnist", "deit", "O"))
+    jobs = {(j.kind.name, j.wildcards["teacher"], j.wildcards["size"]): j
+            for j in plan({**config, "results": "R"}).of("teacher", "import")}
+    select, probe = jobs["teacher", "wide", "cpu96"], jobs["teacher", "deit", "cpu96"]
+    assert select.inputs == ["R/teachers/fashion_mnist/wide/cpu192/record.json"]
+    assert probe.inputs == ["R/imports/fashion_mnist/deit/cpu96/record.json"]
+    assert select.stage == "select" and {'teacher="R/teachers/fashion_mnist/wide/cpu192/'
+                                         'model.safetensors"', 'size="cpu96"'} <= set(
+        select.words())
+    assert probe.stage == "probe" and {'teacher="R/imports/fashion_mnist/deit/cpu96/'
+                                       'model.safetensors"', 'mode="linear"'} <= set(
+        probe.words())
+    imported = jobs["import", "deit", "cpu96"].words()
     assert {"headless=true", "reset_head=false", "layout=\"mocov3\""} <= set(imported)
     # every job of the axis is built into its stage's config before any runs
     built, load = [], linvit.config.load_config
@@ -125,13 +132,12 @@ def test_a_dataset_overrides_the_grids_stages_for_its_own_jobs():
                           "digits": {"dataset": "mnist5k",
                                      "stages": {"teacher": {"optim": {"epochs": 9}},
                                                 "finetune": {"data": {"train_subset": 300}}}}}
-    words = {d: shlex.split(grid.teacher_args(config, d, "pretrain", "cpu96", None, "O"))
-             for d in config["datasets"]}
-    assert "optim.epochs=9" in words["digits"] and "optim.epochs=2" in words["fashion_mnist"]
-    assert not any(w.startswith("data.stages") for w in words["digits"])
-    cells = {c.dataset: c for c in grid.expand_grid(config)}
-    digits = shlex.split(grid.finetune_args(config, cells["digits"], "T", "D", "O"))
+    models = {"dataset": "fashion_mnist", "teacher": "pretrain", "size": "cpu96"}
+    teacher = {d: words(config, "teacher", **{**models, "dataset": d}) for d in config["datasets"]}
+    assert "optim.epochs=9" in teacher["digits"] and "optim.epochs=2" in teacher["fashion_mnist"]
+    assert not any(w.startswith("data.stages") for w in teacher["digits"])
+    cell = {**models, "operator": "linear", "init": "random", "loss": "none", "seed": 0}
+    digits = words(config, "cell", **{**cell, "dataset": "digits"})
     assert "data.train_subset=300" in digits and "optim.epochs=1" in digits
     own = config["stages"]["finetune"]["data"]["train_subset"]
-    assert f"data.train_subset={own}" in shlex.split(
-        grid.finetune_args(config, cells["fashion_mnist"], "T", "D", "O"))
+    assert f"data.train_subset={own}" in words(config, "cell", **cell)

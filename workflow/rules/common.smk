@@ -1,9 +1,9 @@
-# Shared wiring: the grid from linvit.workflow.grid, the code-dependency map from
-# linvit.workflow.deps, and the command every job runs. Jobs use this checkout's src/
+# Shared wiring: the jobs from linvit.workflow.plan (each rule looks its job up by its wildcards),
+# the code-dependency map from linvit.workflow.deps, and the command every job runs. Jobs use this checkout's src/
 # (PYTHONPATH), whatever is installed.
 #
 # Shell commands quote every substitution ({x:q}); the only unquoted ones are complete argument
-# strings built with shlex (grid.*_args, PYTHON), so no path or name can split or run a command.
+# strings built with shlex (Job.command, PYTHON), so no path or name can split or run a command.
 import json
 import os
 import shlex
@@ -14,7 +14,8 @@ from snakemake_interface_executor_plugins.settings import ExecMode
 
 SRC = Path(workflow.basedir) / "src"
 
-from linvit.workflow import cluster, dense_jobs, deps  # noqa: E402   (grid, check: the Snakefile)
+from linvit.workflow import cluster, dense_jobs, deps, plan  # noqa: E402   (check: the Snakefile)
+from linvit.workflow.jobs import KINDS  # noqa: E402
 
 # A profile's site settings ($LINVIT_SLURM_PARTITION, ...) must be set before any job is planned
 # (and so before the config check, the slow part of planning a large grid).
@@ -33,8 +34,8 @@ if workflow.exec_mode == ExecMode.DEFAULT:
     check.check_config(config, str(Path(workflow.basedir) / "Snakefile"), MEMO)
 
 RESULTS = config["results"]
-CELLS = grid.expand_grid(config)
-CELL_OF = {grid.cell_dir(RESULTS, c): c for c in CELLS}
+PLAN = plan.plan(config)          # the grid, expanded once
+CELLS = PLAN.cells
 PYTHON = f"PYTHONPATH={shlex.quote(str(SRC))} {shlex.quote(sys.executable)}"
 LINVIT = f"{PYTHON} -m linvit.cli"
 REPORT = f"{PYTHON} -m linvit.report.cli"
@@ -48,31 +49,36 @@ wildcard_constraints:
     init="[^/]+",
     loss="[^/]+",
     seed=r"\d+",
+    model="[^/]+",
+    backbone="[^/]+",
 
 
 def code(stage, operators=(), losses=(), datasets=()):
     """The stamp of the src files a job of `stage` runs (deps.code_stamp): editing one of them
-    reruns exactly these jobs. Names are registry names (a grid's dataset entries:
-    registry_dataset)."""
+    reruns exactly these jobs. Names are registry names."""
     return str(deps.code_stamp(MEMO / "code", stage, operators, losses, datasets))
 
 
-def registry_dataset(name):
-    """The dataset registry entry a grid dataset (a key of config["datasets"]) reads."""
-    return config["datasets"][name]["dataset"]
+def pattern(kind, part="output"):
+    """A job kind's output, log or benchmark pattern (linvit.workflow.jobs.KINDS)."""
+    return KINDS[kind].pattern(RESULTS, part)
 
 
-def teacher_dir(wc):
-    return grid.teacher_dir(RESULTS, wc.dataset, wc.teacher, wc.size)
+def job_inputs(kind):
+    """A rule's input function: the records (and files) its job reads."""
+    return lambda wc: PLAN.find(kind, wc).inputs
 
 
-def distill_dir(wc):
-    return grid.distill_dir(RESULTS, wc.dataset, wc.teacher, wc.size, wc.operator, wc.loss)
+def job_code(kind):
+    return lambda wc: code(*PLAN.find(kind, wc).code)
 
 
-def cell_of(wc):
-    return grid.Cell(wc.dataset, wc.teacher, wc.size, wc.operator, wc.init, wc.loss,
-                     int(wc.seed))
+def job_params(kind):
+    """What RUN_AND_RECORD reads of a job: its record kind and key, run folder and command."""
+    return dict(kind=KINDS[kind].record_kind,
+                dir=lambda wc: PLAN.find(kind, wc).run_dir,
+                key=lambda wc: PLAN.find(kind, wc).key_json(),
+                args=lambda wc: PLAN.find(kind, wc).command())
 
 
 # The resources of every RUN_AND_RECORD job, which its command reads: GPUs and linvit processes

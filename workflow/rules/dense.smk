@@ -1,57 +1,37 @@
 # Dense tasks (target `dense`): embedded scenes, then UperNet and Mask R-CNN fine-tuned on the
-# backbones of the teacher and of chosen cells; their own table, figure and dense.md.
+# backbones of the teacher and of chosen cells; their own table, figure and dense.md. Paths, keys
+# and commands: the jobs of linvit.workflow.plan.
 from linvit.dense.tasks import TASKS  # noqa: E402
-
-DENSE = dense_jobs.dense_jobs(config, CELLS)
-DENSE_OF = {j.backbone: j for j in DENSE}
-SCENES = f"{RESULTS}/scenes"
-
-
-def dense_job(wc):
-    return dense_jobs.DenseJob(wc.task, wc.dataset, wc.teacher, wc.size, wc.backbone)
-
-
-def backbone_dir(wc):
-    cell = dense_job(wc).cell
-    return grid.cell_dir(RESULTS, cell) if cell else teacher_dir(wc)
 
 
 rule scenes:
     input:
-        code=code("make-scenes", [], [], ["fashion_mnist"]),
+        code=job_code("scenes"),
     output:
-        f"{SCENES}/MANIFEST.json",
+        pattern("scenes"),
     log:
-        f"{RESULTS}/logs/scenes.log",
+        pattern("scenes", "log"),
     params:
-        args=lambda wc: dense_jobs.scenes_args(config, SCENES),
+        args=lambda wc: PLAN.find("scenes", wc).command(),
     shell:
         "{LINVIT} {params.args} > {log:q} 2>&1"
 
 
 rule dense_job:
     input:
-        backbone=lambda wc: f"{backbone_dir(wc)}/record.json",
-        scenes=lambda wc: [f"{SCENES}/MANIFEST.json"]
-        if dense_jobs.dense_uses_scenes(config, wc.task) else [],
-        code=lambda wc: code(wc.task, ["softmax", dense_job(wc).key()["operator"]], [],
-                             [registry_dataset(wc.dataset)]),
+        job_inputs("dense"),
+        code=job_code("dense"),
     output:
-        record=f"{RESULTS}/dense/{{task}}/{{dataset}}/{{teacher}}/{{size}}/{{backbone}}/record.json",
+        record=pattern("dense"),
     log:
-        f"{RESULTS}/logs/dense/{{task}}/{{dataset}}/{{teacher}}/{{size}}/{{backbone}}.log",
+        pattern("dense", "log"),
     benchmark:
-        f"{RESULTS}/benchmarks/dense/{{task}}/{{dataset}}/{{teacher}}/{{size}}/{{backbone}}.tsv"
+        pattern("dense", "benchmark")
     wildcard_constraints:
         task="|".join(TASKS),
     params:
-        kind="dense",
-        dir=lambda wc: dense_jobs.dense_dir(RESULTS, dense_job(wc)),
-        key=lambda wc: json.dumps(dense_job(wc).key()),
-        args=lambda wc: dense_jobs.dense_args(config, dense_job(wc),
-                                        f"{backbone_dir(wc)}/model.safetensors", SCENES,
-                                        dense_jobs.dense_dir(RESULTS, dense_job(wc))),
-    threads: 1
+        **job_params("dense"),
+    threads: KINDS["dense"].threads
     resources:
         **RUN_RESOURCES,
     shell:
@@ -60,7 +40,7 @@ rule dense_job:
 
 rule dense_collect:
     input:
-        records=[f"{dense_jobs.dense_dir(RESULTS, j)}/record.json" for j in DENSE],
+        records=[j.output for j in PLAN.of("dense")],
         code=code("collect"),
     output:
         f"{RESULTS}/dense/results.csv",

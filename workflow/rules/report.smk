@@ -1,19 +1,11 @@
 # Collection and reporting: records -> results.csv -> tables, figures -> report.md.
 TABLES = grid.report_tables(config, CELLS)      # an axis of one value has no table
 FIGURES = ["accuracy_by_init", "time_to_accuracy", "distill_layers", "claims"]
-FIRST = grid.attention_panel(config)   # (dataset, teacher, size) of the attention-map figure
 
 
 def in_report(path, caption, category, **labels):
     """An output that `snakemake --report` shows, captioned by workflow/report/<caption>.rst."""
     return report(path, caption=f"../report/{caption}.rst", category=category, labels=labels)
-
-
-def all_records():
-    records = [f"{grid.teacher_dir(RESULTS, *t)}/record.json"
-               for t in grid.teachers(config, CELLS)]
-    records += [f"{grid.distill_dir(RESULTS, *k)}/record.json" for k in grid.distillations(CELLS)]
-    return records + [f"{grid.cell_dir(RESULTS, c)}/record.json" for c in CELLS]
 
 
 rule grid_document:
@@ -30,7 +22,7 @@ rule grid_document:
 rule collect:
     input:
         grid=f"{RESULTS}/grid.json",
-        records=all_records(),
+        records=[j.output for j in PLAN.collected()],
         code=code("collect"),
     output:
         results=f"{RESULTS}/results.csv",
@@ -52,10 +44,10 @@ rule tables:
         curves=f"{RESULTS}/curves.csv",
         code=code("tables"),
     output:
-        expand(f"{RESULTS}/tables/{{name}}.csv", name=TABLES),
+        [f"{RESULTS}/tables/{name}.csv" for name in TABLES],
         [in_report(f"{RESULTS}/tables/{name}.md", "table", "Tables", table=name)
          for name in TABLES],
-        expand(f"{RESULTS}/tables/{{name}}.tex", name=TABLES),
+        [f"{RESULTS}/tables/{name}.tex" for name in TABLES],
     log:
         f"{RESULTS}/logs/tables.log",
     params:
@@ -75,7 +67,7 @@ rule figures:
     output:
         [in_report(f"{RESULTS}/figures/{name}.png", "figure", "Figures", figure=name)
          for name in FIGURES],
-        expand(f"{RESULTS}/figures/{{name}}.pdf", name=FIGURES),
+        [f"{RESULTS}/figures/{name}.pdf" for name in FIGURES],
     log:
         f"{RESULTS}/logs/figures.log",
     params:
@@ -90,53 +82,22 @@ rule figures:
 # maps; the figure reads those files only.
 
 
-def attention_students():
-    """operator -> record.json of the maps job of its distilled student."""
-    return {m: f"{grid.maps_dir(RESULTS, *FIRST, m)}/record.json"
-            for m in grid.attention_models(config, CELLS) if m != grid.MAPS_TEACHER}
-
-
-def maps_student(wc):
-    """The distillation whose student the job maps, or None for the teacher's own maps."""
-    if wc.model == grid.MAPS_TEACHER:
-        return None
-    return grid.distill_dir(RESULTS, wc.dataset, wc.teacher, wc.size, wc.model,
-                            config["main_loss"])
-
-
-def maps_args(wc):
-    student = maps_student(wc)
-    return grid.maps_args(config, wc.dataset, f"{teacher_dir(wc)}/model.safetensors",
-                          f"{student}/model.safetensors" if student else None,
-                          grid.maps_dir(RESULTS, wc.dataset, wc.teacher, wc.size, wc.model))
+MAPS = PLAN.of("maps")              # the teacher's, then each operator's distilled student's
 
 
 rule attention_maps:
     input:
-        teacher=lambda wc: f"{teacher_dir(wc)}/record.json",
-        distilled=lambda wc: [f"{maps_student(wc)}/record.json"] if maps_student(wc) else [],
-        code=lambda wc: code("attention-maps",
-                             ["softmax"] + ([wc.model] if maps_student(wc) else []), [],
-                             [registry_dataset(wc.dataset)]),
+        job_inputs("maps"),
+        code=job_code("maps"),
     output:
-        record=f"{RESULTS}/maps/{{dataset}}/{{teacher}}/{{size}}/{{model}}/record.json",
+        record=pattern("maps"),
     log:
-        f"{RESULTS}/logs/maps/{{dataset}}/{{teacher}}/{{size}}/{{model}}.log",
+        pattern("maps", "log"),
     benchmark:
-        f"{RESULTS}/benchmarks/maps/{{dataset}}/{{teacher}}/{{size}}/{{model}}.tsv"
-    wildcard_constraints:
-        model="[^/]+",
+        pattern("maps", "benchmark")
     params:
-        kind="maps",
-        dir=lambda wc: grid.maps_dir(RESULTS, wc.dataset, wc.teacher, wc.size, wc.model),
-        key=lambda wc: json.dumps({"dataset": wc.dataset, "teacher": wc.teacher,
-                                   "size": wc.size,
-                                   "operator": "softmax" if wc.model == grid.MAPS_TEACHER
-                                   else wc.model,
-                                   "model": "teacher" if wc.model == grid.MAPS_TEACHER
-                                   else "distilled"}),
-        args=maps_args,
-    threads: 1
+        **job_params("maps"),
+    threads: KINDS["maps"].threads
     resources:
         **RUN_RESOURCES,
     shell:
@@ -145,8 +106,8 @@ rule attention_maps:
 
 rule attention_figure:
     input:
-        teacher=f"{grid.maps_dir(RESULTS, *FIRST, grid.MAPS_TEACHER)}/record.json",
-        students=list(attention_students().values()),
+        teacher=MAPS[0].output,
+        students=[j.output for j in MAPS[1:]],
         code=code("attention"),
     output:
         in_report(f"{RESULTS}/figures/attention_maps.png", "attention_maps", "Figures",
@@ -156,8 +117,8 @@ rule attention_figure:
         f"{RESULTS}/logs/attention_figure.log",
     params:
         # words, each quoted by {params.students:q}
-        students=[word for op, path in attention_students().items()
-                  for word in ("--student-record", f"{op}={path}")],
+        students=[word for j in MAPS[1:]
+                  for word in ("--student-record", f"{j.wildcards['model']}={j.output}")],
         out=f"{RESULTS}/figures/attention_maps",
     threads: 1
     shell:
@@ -169,11 +130,10 @@ rule report:
     input:
         grid=f"{RESULTS}/grid.json",
         results=f"{RESULTS}/results.csv",
-        tables=expand(f"{RESULTS}/tables/{{name}}.md", name=TABLES),
+        tables=[f"{RESULTS}/tables/{name}.md" for name in TABLES],
         # the report links the figures: redrawing one does not change the report
-        figures=ancient(expand(f"{RESULTS}/figures/{{name}}.png",
-                               name=FIGURES + ["attention_maps"])),
-        bench=[f"{RESULTS}/bench/record.json"] if config.get("bench") else [],
+        figures=ancient([f"{RESULTS}/figures/{name}.png" for name in FIGURES + ["attention_maps"]]),
+        bench=[j.output for j in PLAN.of("bench")],
         robustness=[f"{RESULTS}/robustness.md"] if grid.robustness_section(config) else [],
         dense=dense_jobs.dense_in_report(config, RESULTS),
         code=code("report"),

@@ -1,106 +1,63 @@
 # Robustness (when config has a `robustness` section): each dataset's test subset corrupted once
 # (`linvit corrupt`), then every teacher and cell scored on it and on the ImageNet shift sets
 # (`linvit robustness`); tables/robustness.*, figures/robustness.* and a section of report.md.
-ROBUST = grid.robustness_section(config)
-ROBUST_TARGETS = grid.robustness_targets(config, CELLS) if ROBUST else []
-
-
-def corrupted_file(dataset):
-    return f"{grid.corrupt_dir(RESULTS, dataset)}/run/corrupted.safetensors"
+# Paths, keys and commands: the jobs of linvit.workflow.plan.
 
 
 rule corrupt:
     input:
-        code=lambda wc: code("corrupt", [], [], [registry_dataset(wc.dataset)]),
+        code=job_code("corrupt"),
     output:
-        record=f"{RESULTS}/robustness/corrupted/{{dataset}}/record.json",
+        record=pattern("corrupt"),
     log:
-        f"{RESULTS}/logs/robustness/corrupt/{{dataset}}.log",
+        pattern("corrupt", "log"),
     params:
-        kind="corrupt",
-        dir=lambda wc: f"{grid.corrupt_dir(RESULTS, wc.dataset)}/run",
-        key=lambda wc: json.dumps({"dataset": wc.dataset}),
-        args=lambda wc: grid.corrupt_args(config, wc.dataset,
-                                          f"{grid.corrupt_dir(RESULTS, wc.dataset)}/run"),
-    threads: 1
+        **job_params("corrupt"),
+    threads: KINDS["corrupt"].threads
     resources:
         **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD
-
-
-def robustness_inputs(dataset, model_record):
-    corrupt = grid.corrupt_datasets(config)
-    return {"model": model_record,
-            "corrupted": [f"{grid.corrupt_dir(RESULTS, dataset)}/record.json"]
-            if dataset in corrupt else []}
-
-
-def robustness_args(wc, model_dir, out_dir):
-    corrupted = corrupted_file(wc.dataset) if wc.dataset in grid.corrupt_datasets(config) else None
-    return grid.robustness_args(config, wc.dataset, f"{model_dir}/model.safetensors", corrupted,
-                                out_dir)
-
-
-def teacher_robustness_dir(wc):
-    return grid.robustness_dir(RESULTS, wc.dataset, wc.teacher, wc.size)
 
 
 rule robustness_teacher:
     input:
-        unpack(lambda wc: robustness_inputs(wc.dataset, f"{teacher_dir(wc)}/record.json")),
-        code=lambda wc: code("robustness", ["softmax"], [], [registry_dataset(wc.dataset)]),
+        job_inputs("robustness_teacher"),
+        code=job_code("robustness_teacher"),
     output:
-        record=f"{RESULTS}/robustness/teachers/{{dataset}}/{{teacher}}/{{size}}/record.json",
+        record=pattern("robustness_teacher"),
     log:
-        f"{RESULTS}/logs/robustness/teachers/{{dataset}}/{{teacher}}/{{size}}.log",
+        pattern("robustness_teacher", "log"),
     params:
-        kind="robustness",
-        dir=lambda wc: f"{teacher_robustness_dir(wc)}/run",
-        key=lambda wc: json.dumps({"dataset": wc.dataset, "teacher": wc.teacher,
-                                   "size": wc.size, "operator": "softmax", "init": "teacher"}),
-        args=lambda wc: robustness_args(wc, teacher_dir(wc), f"{teacher_robustness_dir(wc)}/run"),
-    threads: 1
+        **job_params("robustness_teacher"),
+    threads: KINDS["robustness_teacher"].threads
     resources:
         **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD
-
-
-def cell_robustness_dir(wc):
-    return grid.robustness_dir(RESULTS, wc.dataset, wc.teacher, wc.size, cell_of(wc))
 
 
 rule robustness_cell:
     input:
-        unpack(lambda wc: robustness_inputs(
-            wc.dataset, f"{grid.cell_dir(RESULTS, cell_of(wc))}/record.json")),
-        code=lambda wc: code("robustness", [wc.operator], [], [registry_dataset(wc.dataset)]),
+        job_inputs("robustness_cell"),
+        code=job_code("robustness_cell"),
     output:
-        record=f"{RESULTS}/robustness/cells/{{dataset}}/{{teacher}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}/record.json",
+        record=pattern("robustness_cell"),
     log:
-        f"{RESULTS}/logs/robustness/cells/{{dataset}}/{{teacher}}/{{size}}/{{operator}}/{{init}}/{{loss}}/seed{{seed}}.log",
+        pattern("robustness_cell", "log"),
     params:
-        kind="robustness",
-        dir=lambda wc: cell_robustness_dir(wc) + "/run",
-        key=lambda wc: json.dumps(cell_of(wc).as_dict()),
-        args=lambda wc: robustness_args(wc, grid.cell_dir(RESULTS, cell_of(wc)),
-                                        cell_robustness_dir(wc) + "/run"),
-    threads: 1
+        **job_params("robustness_cell"),
+    threads: KINDS["robustness_cell"].threads
     resources:
         **RUN_RESOURCES,
     shell:
         RUN_AND_RECORD
-
-
-def robustness_records():
-    return [f"{grid.robustness_dir(RESULTS, *t)}/record.json" for t in ROBUST_TARGETS]
 
 
 rule robustness_report:
     input:
         grid=f"{RESULTS}/grid.json",
-        records=robustness_records(),
+        records=[j.output for j in PLAN.of("robustness_teacher", "robustness_cell")],
         code=code("robustness-report"),
     output:
         f"{RESULTS}/tables/robustness.csv",

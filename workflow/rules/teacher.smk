@@ -1,38 +1,22 @@
 # Teacher models, one per (dataset, teacher, size): made at the teacher's own size (pretrained
 # here, or imported from timm weights, then given a head by `linvit probe` where the teacher
 # names one), and cut down by weight selection (`linvit select`) to each smaller student size.
-
-
-def teacher_inputs(wc):
-    source = grid.teacher_source(RESULTS, config, wc.dataset, wc.teacher, wc.size)
-    return [f"{source}/record.json"] if source else []
-
-
-def teacher_args(wc):
-    source = grid.teacher_source(RESULTS, config, wc.dataset, wc.teacher, wc.size)
-    return grid.teacher_args(config, wc.dataset, wc.teacher, wc.size,
-                             f"{source}/model.safetensors" if source else None, teacher_dir(wc))
+# Paths, keys and commands: the jobs of linvit.workflow.plan.
 
 
 rule teacher:
     input:
-        source=teacher_inputs,
-        code=lambda wc: code(grid.teacher_stage(config, wc.teacher, wc.size), ["softmax"], [],
-                             [registry_dataset(wc.dataset)]),
+        job_inputs("teacher"),
+        code=job_code("teacher"),
     output:
-        record=f"{RESULTS}/teachers/{{dataset}}/{{teacher}}/{{size}}/record.json",
+        record=pattern("teacher"),
     log:
-        f"{RESULTS}/logs/teachers/{{dataset}}/{{teacher}}/{{size}}.log",
+        pattern("teacher", "log"),
     benchmark:
-        f"{RESULTS}/benchmarks/teachers/{{dataset}}/{{teacher}}/{{size}}.tsv"
+        pattern("teacher", "benchmark")
     params:
-        kind="teacher",
-        dir=teacher_dir,
-        key=lambda wc: json.dumps({"dataset": wc.dataset, "teacher": wc.teacher,
-                                   "size": wc.size,
-                                   "stage": grid.teacher_stage(config, wc.teacher, wc.size)}),
-        args=teacher_args,
-    threads: 2
+        **job_params("teacher"),
+    threads: KINDS["teacher"].threads
     resources:
         **RUN_RESOURCES,
     shell:
@@ -41,20 +25,14 @@ rule teacher:
 
 rule import_teacher:
     input:
-        code=lambda wc: code("import-teacher", ["softmax"], [], [registry_dataset(wc.dataset)]),
+        code=job_code("import"),
     output:
-        record=f"{RESULTS}/imports/{{dataset}}/{{teacher}}/{{size}}/record.json",
+        record=pattern("import"),
     log:
-        f"{RESULTS}/logs/imports/{{dataset}}/{{teacher}}/{{size}}.log",
+        pattern("import", "log"),
     params:
-        kind="import",
-        dir=lambda wc: grid.import_dir(RESULTS, wc.dataset, wc.teacher, wc.size),
-        key=lambda wc: json.dumps({"dataset": wc.dataset, "teacher": wc.teacher,
-                                   "size": wc.size}),
-        args=lambda wc: grid.import_args(config, wc.dataset, wc.teacher,
-                                         grid.import_dir(RESULTS, wc.dataset, wc.teacher,
-                                                         wc.size)),
-    threads: 1
+        **job_params("import"),
+    threads: KINDS["import"].threads
     resources:
         **RUN_RESOURCES,
     shell:

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import argparse
 
+from linvit.report.kinds import KINDS
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m linvit.report.cli", description=__doc__)
     sub = p.add_subparsers(dest="step", required=True)
     r = sub.add_parser("record")
-    r.add_argument("--kind", required=True,            # record.KINDS (a test holds them equal)
-                   choices=["teacher", "import", "distill", "cell", "dense", "bench", "maps",
-                            "corrupt", "robustness"])
+    r.add_argument("--kind", required=True, choices=KINDS)
     r.add_argument("--key", required=True, help="JSON object naming the job")
     r.add_argument("--run-dir", required=True)
     r.add_argument("--status", type=int, required=True, help="the linvit run's exit status")

@@ -11,15 +11,10 @@ from pathlib import Path
 import yaml
 
 from linvit.io import loads, read_json, write_json
+from linvit.report.kinds import KINDS
 from linvit.runs.verify import verified_metrics
 
 LOG_TAIL_LINES = 30
-# What made the record: a workflow job of one of these kinds. "import" (timm weights a probe job
-# then gives a head), "maps" (attention maps for the figure), "corrupt" and "robustness" never
-# reach collection (what reads them is a later job or their own report step).
-# report/cli.py's --kind choices repeat these (a test holds them equal: the CLI imports no step
-# module before it runs).
-KINDS = ("teacher", "import", "distill", "cell", "dense", "bench", "maps", "corrupt", "robustness")
 
 
 def make_record(kind: str, key: dict, run_dir: str | Path, exit_status: int,

@@ -31,8 +31,7 @@ def robustness_frame(records: list[dict], grid_cells: list[dict]) -> pd.DataFram
     record as missing."""
     rows = []
     for r in records:
-        key = {"operator": "softmax", "init": TEACHER, "loss": "none", "seed": None, **r["key"]}
-        row = {**{k: key.get(k) for k in KEY}, "status": r["status"]}
+        row = {**{k: r["key"].get(k) for k in KEY}, "status": r["status"]}
         m = r.get("metrics") or {}
         row["clean"] = m.get("top1")
         c = m.get("corruptions") or {}

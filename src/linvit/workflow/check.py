@@ -5,47 +5,12 @@ as its stage would build it. A successful verdict is stored per config, code and
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 from linvit import found_files
 from linvit.workflow import memo
-from linvit.workflow.dense_jobs import (
-    dense_args,
-    dense_cells,
-    dense_dir,
-    dense_jobs,
-    scenes_args,
-)
-from linvit.workflow.grid import (
-    MAPS_TEACHER,
-    attention_models,
-    attention_panel,
-    bench_args,
-    cell_dir,
-    corrupt_args,
-    corrupt_datasets,
-    corrupt_dir,
-    distill_args,
-    distill_dir,
-    distillations,
-    expand_grid,
-    finetune_args,
-    import_args,
-    import_dir,
-    imports,
-    maps_args,
-    maps_dir,
-    robustness_args,
-    robustness_dir,
-    robustness_section,
-    robustness_targets,
-    teacher_args,
-    teacher_dir,
-    teacher_specs,
-    teacher_stage,
-    teachers,
-)
+from linvit.workflow.grid import teacher_specs
+from linvit.workflow.plan import Plan, plan
 
 # Grid names become folder names, wildcards and command-line words: a letter or digit first (no
 # leading '-' or '.'), then no slash, space, quote or shell character; '+' for strategies such as
@@ -162,46 +127,19 @@ def _check_teachers(config: dict) -> None:
             found_files.note_checked(file)
 
 
-def job_arguments(config: dict, existing_file: str) -> list[tuple[str, str, str]]:
-    """(config field, job folder, CLI arguments) of every job the workflow can run, built by the
-    functions the rules call, with `existing_file` standing in for checkpoints not yet made and
-    its folder for the dense scenes."""
-    cells, x = expand_grid(config), existing_file
-    jobs = [(f"teachers.{t}", import_dir("", d, t, s), import_args(config, d, t, "x"))
-            for d, t, s in imports(config, cells)]
-    jobs += [(_teacher_field(config, t, s), teacher_dir("", d, t, s),
-              teacher_args(config, d, t, s, x, "x")) for d, t, s in teachers(config, cells)]
-    trained = cells + dense_cells(config, cells)
-    jobs += [(f"stages.distill / losses.{k[4]}", distill_dir("", *k),
-              distill_args(config, *k, x, "x")) for k in distillations(trained)]
-    jobs += [("stages.finetune", cell_dir("", c),
-              finetune_args(config, c, x, x if c.needs_distill else None, "x")) for c in trained]
-    panel = attention_panel(config)
-    jobs += [("figures", maps_dir("", *panel, m),
-              maps_args(config, panel[0], x, None if m == MAPS_TEACHER else x, "x"))
-             for m in attention_models(config, cells)]
-    if config.get("dense"):
-        jobs.append(("dense.scenes", "scenes", scenes_args(config, "x")))
-        jobs += [(f"dense.stages.{j.task}", dense_dir("", j),
-                  dense_args(config, j, x, str(Path(x).parent), "x"))
-                 for j in dense_jobs(config, cells)]
-    if config.get("bench"):
-        jobs.append(("bench", "bench", bench_args(config, "x")))
-    if robustness_section(config):
-        jobs += [("robustness.corruptions", corrupt_dir("", d), corrupt_args(config, d, "x"))
-                 for d in corrupt_datasets(config)]
-        corrupted = x if corrupt_datasets(config) else None
-        jobs += [("robustness", robustness_dir("", *t, c), robustness_args(config, t[0], x,
-                                                                         corrupted, "x"))
-                 for *t, c in robustness_targets(config, cells)]
-    return [(field, where.lstrip("/"), args) for field, where, args in jobs]
-
-
-def _teacher_field(config: dict, teacher: str, size: str) -> str:
-    """The config field a teacher job's arguments come from, for error messages."""
-    if teacher_stage(config, teacher, size) == "pretrain" and not config.get("teachers"):
-        return "stages.teacher"
-    return f"teachers.{teacher}"
+def job_arguments(config: dict, existing_file: str,
+                  jobs: Plan | None = None) -> list[tuple[str, str, str, list[str]]]:
+    """(config field, job folder, stage, overrides) of every job the workflow can run, as its
+    rule gives them (linvit.workflow.plan), with `existing_file` (and its folder) standing in for
+    the files and folders jobs read that are not yet made. `run.threads` as the rule's shell line
+    adds it to every job that leaves a record."""
+    jobs = jobs or plan(config)
+    out = []
+    for job in jobs.jobs:
+        threads = [f"run.threads={job.kind.threads}"] if job.kind.record_kind else []
+        where = job.folder.removeprefix(jobs.results).lstrip("/")
+        out.append((job.field, where, job.stage, job.words(existing_file) + threads))
+    return out
 
 
 def check_config(config: dict, existing_file: str, memo_dir: Path | None = None) -> None:
@@ -230,31 +168,28 @@ def _check_config(config: dict, existing_file: str) -> None:
     check_names(config)
     _check_registries(config)
     _check_teachers(config)
-    jobs = job_arguments(config, existing_file)
+    jobs = plan(config)
     built = {}
-    for field, where, args in jobs:
-        stage, _, _, _, *overrides = shlex.split(args)     # <stage> -o <dir> --rerun k=v ...
-        # run.threads: what the shell line of every job but the scenes adds (RUN_AND_RECORD)
-        threads = [] if stage == "make-scenes" else ["run.threads=1"]
+    for field, where, stage, overrides in job_arguments(config, existing_file, jobs):
         try:
-            built[where] = load_config(stage_config(stage), None, [*overrides, *threads])
+            built[where] = load_config(stage_config(stage), None, overrides)
         except ConfigError as e:
             raise ConfigError(f"{field} (job {where}): {e}") from None
-    _check_dense_necks(config, built)
+    _check_dense_necks(jobs, built)
 
 
-def _check_dense_necks(config: dict, built: dict) -> None:
+def _check_dense_necks(jobs: Plan, built: dict) -> None:
     """ViT-Adapter's interactions and heads against each dense backbone's depth and width (a
     stage config alone does not know its backbone's size). `built`: job folder -> config."""
     from linvit.dense.stages import check_adapter
     from linvit.errors import ConfigError
     from linvit.models import SIZES
 
-    for job in dense_jobs(config, expand_grid(config)) if config.get("dense") else []:
-        where = dense_dir("", job).lstrip("/")
+    for job in jobs.of("dense"):
+        where = job.folder.removeprefix(jobs.results).lstrip("/")
         cfg = built[where]
         if cfg.model.neck == "adapter":
             try:
-                check_adapter(cfg.model.adapter, SIZES[job.size])
+                check_adapter(cfg.model.adapter, SIZES[job.wildcards["size"]])
             except ConfigError as e:
                 raise ConfigError(f"dense.adapter (job {where}): {e}") from None

@@ -1,5 +1,5 @@
-"""The dense sub-grid's jobs: UperNet and Mask R-CNN on the backbones of a teacher or of chosen
-cells, each with its seed, and the CLI overrides each job gets."""
+"""The dense sub-grid: UperNet and Mask R-CNN on the backbones of a teacher or of chosen cells,
+each with its seed, and the overrides each job gets (linvit.workflow.jobs makes the jobs)."""
 from __future__ import annotations
 
 import itertools
@@ -8,33 +8,29 @@ from pathlib import Path
 
 from linvit.transfer.strategies import get_strategy
 from linvit.trees import deep_merge
-from linvit.workflow.grid import NO_LOSS, Cell, command_line, models_taught
+from linvit.workflow.grid import NO_LOSS, Cell, models_taught
 
 TEACHER_BACKBONE = "teacher"
 
 
 @dataclass(frozen=True)
-class DenseJob:
-    """One dense fine-tuning: a task on the backbone of a teacher or of a fine-tuned cell, with
-    heads initialised and data shuffled by the job's seed (a cell's seed; a teacher's own)."""
+class DenseRun:
+    """One dense fine-tuning: a task on the backbone of a teacher model (cell None) or of a
+    fine-tuned cell, with heads initialised and data shuffled by `seed` (a cell's own)."""
     task: str
     dataset: str
     teacher: str
     size: str
-    backbone: str            # "teacher.seed<seed>" or "<operator>.<init>.<loss>.seed<seed>"
+    cell: Cell | None
+    seed: int
 
     @property
-    def cell(self) -> Cell | None:
-        if self.backbone.split(".")[0] == TEACHER_BACKBONE:
-            return None
-        # operators and strategies are registry names without dots; loss design names may have
-        op, init, rest = self.backbone.split(".", 2)
-        return Cell(self.dataset, self.teacher, self.size, op, init, rest.rsplit(".", 1)[0],
-                    self.seed)
-
-    @property
-    def seed(self) -> int:
-        return int(self.backbone.rsplit(".", 1)[1].removeprefix("seed"))
+    def backbone(self) -> str:
+        """The job's folder name: "teacher.seed<seed>" or "<operator>.<init>.<loss>.seed<seed>"
+        (made here, never parsed back: the job's key says what it is)."""
+        c = self.cell
+        return (f"{TEACHER_BACKBONE}.seed{self.seed}" if c is None
+                else f"{c.operator}.{c.init}.{c.loss}.seed{c.seed}")
 
     def key(self) -> dict:
         c = self.cell
@@ -45,11 +41,7 @@ class DenseJob:
                 "seed": self.seed}
 
 
-def backbone_label(cell: Cell) -> str:
-    return f"{cell.operator}.{cell.init}.{cell.loss}.seed{cell.seed}"
-
-
-def dense_jobs(config: dict, cells: list[Cell]) -> list[DenseJob]:
+def dense_runs(config: dict, cells: list[Cell]) -> list[DenseRun]:
     """The dense sub-grid: each task on each teacher model the cells use and on the backbones of
     dense.operators x dense.strategies x dense.seeds (cells of the grid, or cells made for the
     dense sub-grid alone: dense_cells). The teacher's backbone is one model, trained once; it
@@ -57,32 +49,27 @@ def dense_jobs(config: dict, cells: list[Cell]) -> list[DenseJob]:
     heads' seeds, and each student's gap to it is paired by seed."""
     dense = config.get("dense") or {}
     seeds = dense.get("seeds", config["seeds"][:1])
-    jobs = []
+    runs = []
     for task, (dataset, teacher, size) in itertools.product(dense.get("tasks", []),
                                                             models_taught(cells)):
-        jobs += [DenseJob(task, dataset, teacher, size, f"{TEACHER_BACKBONE}.seed{seed}")
-                 for seed in seeds]
+        runs += [DenseRun(task, dataset, teacher, size, None, seed) for seed in seeds]
         for op, init, seed in itertools.product(dense["operators"], dense["strategies"], seeds):
             loss = config["main_loss"] if get_strategy(init).needs_distilled else NO_LOSS
             cell = Cell(dataset, teacher, size, op, init, loss, seed)
-            jobs.append(DenseJob(task, dataset, teacher, size, backbone_label(cell)))
-    return jobs
+            runs.append(DenseRun(task, dataset, teacher, size, cell, seed))
+    return runs
 
 
 def dense_cells(config: dict, cells: list[Cell]) -> list[Cell]:
     """Backbone cells the dense sub-grid needs beyond the grid's own (e.g. a seed the main grid
     does not run): fine-tuned like any cell, in no table but the dense one."""
     grid_cells = set(cells)
-    return [c for c in dict.fromkeys(j.cell for j in dense_jobs(config, cells) if j.cell)
+    return [c for c in dict.fromkeys(r.cell for r in dense_runs(config, cells) if r.cell)
             if c not in grid_cells]
 
 
-def dense_dir(results: str, job: DenseJob) -> str:
-    return f"{results}/dense/{job.task}/{job.dataset}/{job.teacher}/{job.size}/{job.backbone}"
-
-
-def scenes_args(config: dict, out_dir: str) -> str:
-    return command_line("make-scenes", out_dir, dict(config["dense"].get("scenes", {})))
+def scenes_overrides(config: dict) -> dict:
+    return dict(config["dense"].get("scenes", {}))
 
 
 def dense_stage(config: dict, task: str) -> dict:
@@ -104,10 +91,9 @@ def dense_in_report(config: dict, results: str) -> list[str]:
     return [path] if config.get("dense") and wanted else []
 
 
-def dense_args(config: dict, job: DenseJob, checkpoint: str, scenes: str, out_dir: str) -> str:
+def dense_overrides(config: dict, run: DenseRun, checkpoint: str, scenes: str) -> dict:
     dense = config["dense"]
     neck = {k: dense[k] for k in ("neck", "adapter") if k in dense}
-    tree = deep_merge({"data": {"root": scenes}, "model": neck}, dense_stage(config, job.task),
-                      {"checkpoint": checkpoint, "run": {"seed": job.seed},     # the seed axis
-                       "pretrain_dataset": config["datasets"][job.dataset]["dataset"]})
-    return command_line(job.task, out_dir, tree)
+    return deep_merge({"data": {"root": scenes}, "model": neck}, dense_stage(config, run.task),
+                      {"checkpoint": checkpoint, "run": {"seed": run.seed},     # the seed axis
+                       "pretrain_dataset": config["datasets"][run.dataset]["dataset"]})

@@ -1,5 +1,5 @@
-"""The ablation grid: which teacher, distillation and fine-tuning jobs a workflow config asks for,
-where each writes, and the exact CLI overrides each job gets. The Snakefile only wires this.
+"""The ablation grid: which cells, teachers and distillations a workflow config asks for, and the
+linvit overrides (a config tree) each of their jobs gets. linvit.workflow.jobs makes the jobs.
 
 A cell is one fine-tuned student: (dataset, teacher, size, operator, init strategy, loss design,
 seed). Cells share work: one teacher model per (dataset, teacher, size), one distillation per
@@ -14,12 +14,10 @@ given a head by `linvit probe`); for each smaller student size it serves, weight
 from __future__ import annotations
 
 import itertools
-import json
-import shlex
 from dataclasses import asdict, dataclass
 
 from linvit.transfer.strategies import get_strategy
-from linvit.trees import deep_merge, flatten
+from linvit.trees import deep_merge
 
 NO_LOSS = "none"
 
@@ -72,23 +70,12 @@ def teacher_students(config: dict) -> list[tuple[str, str]]:
                   else len(config["sizes"]))
 
 
-def teacher_dir(results: str, dataset: str, teacher: str, size: str) -> str:
-    return f"{results}/teachers/{dataset}/{teacher}/{size}"
 
 
-def import_dir(results: str, dataset: str, teacher: str, size: str) -> str:
-    """An imported teacher's weights before `linvit probe` gives them a head."""
-    return f"{results}/imports/{dataset}/{teacher}/{size}"
 
 
-def distill_dir(results: str, dataset: str, teacher: str, size: str, operator: str,
-                loss: str) -> str:
-    return f"{results}/distill/{dataset}/{teacher}/{size}/{operator}/{loss}"
 
 
-def cell_dir(results: str, c: Cell) -> str:
-    return (f"{results}/cells/{c.dataset}/{c.teacher}/{c.size}/{c.operator}/{c.init}/{c.loss}"
-            f"/seed{c.seed}")
 
 
 def _cells(config: dict, operators, strategies, losses) -> list[Cell]:
@@ -135,13 +122,7 @@ def distillations(cells: list[Cell]) -> list[tuple[str, str, str, str, str]]:
                               for c in cells if c.needs_distill))
 
 
-# --- command-line overrides -----------------------------------------------------------------
-def override_words(tree: dict) -> list[str]:
-    """{'optim': {'lr': 0.001}} -> ['optim.lr=0.001']; values as JSON, which the CLI reads as
-    YAML (whole mappings, such as loss weights, stay one word)."""
-    return [f"{key}={json.dumps(value)}" for key, value in flatten(tree).items()]
-
-
+# --- each job's overrides: a tree, flattened to `key=value` words only by linvit.workflow.jobs ---
 def _data(config: dict, dataset: str) -> dict:
     """The dataset entry's data fields (its `stages` are stage overrides, not data)."""
     return {"data": {k: v for k, v in config["datasets"][dataset].items() if k != "stages"}}
@@ -157,12 +138,6 @@ def _stage(config: dict, stage: str, dataset: str | None = None) -> dict:
     return tree
 
 
-def command_line(stage: str, out_dir: str, tree: dict) -> str:
-    """`<stage> -o <dir> --rerun k=v ...`: --rerun because the workflow, not the folder, decides
-    whether a job must run (an unfinished run of the same config still resumes)."""
-    return shlex.join([stage, "-o", out_dir, "--rerun", *override_words(tree)])
-
-
 def teacher_stage(config: dict, teacher: str, size: str) -> str:
     """The CLI stage that makes a teacher model: `select` below the teacher's own size; there,
     `pretrain`, or `import-teacher` (then `probe` when the teacher names one: the probe job makes
@@ -175,65 +150,47 @@ def teacher_stage(config: dict, teacher: str, size: str) -> str:
     return "pretrain"
 
 
-def import_args(config: dict, dataset: str, teacher: str, out_dir: str) -> str:
+def import_overrides(config: dict, dataset: str, teacher: str) -> dict:
     spec = teacher_specs(config)[teacher]
     headless = bool(spec.get("headless"))
-    tree = {"size": spec["size"], "file": spec.get("file"), "layout": spec.get("layout", "timm"),
+    return {"size": spec["size"], "file": spec.get("file"), "layout": spec.get("layout", "timm"),
             "timm_name": spec.get("timm_name"), "headless": headless,
             "reset_head": not headless, **_data(config, dataset)}
-    return command_line("import-teacher", out_dir, tree)
 
 
-def teacher_args(config: dict, dataset: str, teacher: str, size: str, source_model: str | None,
-                 out_dir: str) -> str:
+def teacher_overrides(config: dict, dataset: str, teacher: str, size: str,
+                      source_model: str | None) -> dict:
     """The job that makes teacher model (dataset, teacher, size); source_model: what a probe or
     select job reads (the import, or the teacher at its own size)."""
     spec, stage = teacher_specs(config)[teacher], teacher_stage(config, teacher, size)
     if stage == "import-teacher":
-        return import_args(config, dataset, teacher, out_dir)
+        return import_overrides(config, dataset, teacher)
     if stage == "probe":
-        tree = deep_merge(_data(config, dataset), spec["probe"] or {}, {"teacher": source_model})
-        return command_line("probe", out_dir, tree)
+        return deep_merge(_data(config, dataset), spec["probe"] or {}, {"teacher": source_model})
     if stage == "select":
         test = {k: v for k, v in _stage(config, "teacher", dataset).get("data", {}).items()
                 if k in ("test_subset", "eval_batch_size")}
-        tree = deep_merge(_data(config, dataset), {"data": test},
+        return deep_merge(_data(config, dataset), {"data": test},
                           {"teacher": source_model, "size": size})
-        return command_line("select", out_dir, tree)
-    tree = deep_merge(_data(config, dataset), _stage(config, "teacher", dataset),
+    return deep_merge(_data(config, dataset), _stage(config, "teacher", dataset),
                       {"model": {"size": size, "operator": "softmax"},
                        "run": {"seed": config.get("teacher_seed", 0)}})
-    return command_line("pretrain", out_dir, tree)
 
 
-def teacher_source(results: str, config: dict, dataset: str, teacher: str,
-                   size: str) -> str | None:
-    """The run folder a teacher job reads (an import, or the teacher a selection cuts down)."""
-    stage = teacher_stage(config, teacher, size)
-    if stage == "probe":
-        return import_dir(results, dataset, teacher, size)
-    if stage == "select":
-        return teacher_dir(results, dataset, teacher, made_size(teacher_specs(config)[teacher],
-                                                                size))
-    return None
+def distill_overrides(config: dict, dataset: str, operator: str, loss: str,
+                      teacher_model: str) -> dict:
+    return deep_merge(_data(config, dataset), _stage(config, "distill", dataset),
+                      {"teacher": teacher_model, "model": {"operator": operator},
+                       "distill": {"losses": config["losses"][loss]},
+                       "run": {"seed": config.get("teacher_seed", 0)}})
 
 
-def distill_args(config: dict, dataset: str, teacher: str, size: str, operator: str, loss: str,
-                 teacher_model: str, out_dir: str) -> str:
-    tree = deep_merge(_data(config, dataset), _stage(config, "distill", dataset),
-                  {"teacher": teacher_model, "model": {"operator": operator},
-                   "distill": {"losses": config["losses"][loss]},
-                   "run": {"seed": config.get("teacher_seed", 0)}})
-    return command_line("distill", out_dir, tree)
-
-
-def finetune_args(config: dict, cell: Cell, teacher_model: str, distilled_model: str | None,
-                  out_dir: str) -> str:
-    tree = deep_merge(_data(config, cell.dataset), _stage(config, "finetune", cell.dataset),
-                  {"teacher": teacher_model, "distilled": distilled_model,
-                   "model": {"operator": cell.operator}, "init": {"strategy": cell.init},
-                   "run": {"seed": cell.seed}})
-    return command_line("finetune", out_dir, tree)
+def finetune_overrides(config: dict, cell: Cell, teacher_model: str,
+                       distilled_model: str | None) -> dict:
+    return deep_merge(_data(config, cell.dataset), _stage(config, "finetune", cell.dataset),
+                      {"teacher": teacher_model, "distilled": distilled_model,
+                       "model": {"operator": cell.operator}, "init": {"strategy": cell.init},
+                       "run": {"seed": cell.seed}})
 
 
 # --- attention maps: the teacher's and its distilled students' (main loss), on one panel ---------
@@ -253,18 +210,13 @@ def attention_models(config: dict, cells: list[Cell]) -> list[str]:
                              if (*panel, op, config["main_loss"]) in done]
 
 
-def maps_dir(results: str, dataset: str, teacher: str, size: str, model: str) -> str:
-    return f"{results}/maps/{dataset}/{teacher}/{size}/{model}"
-
-
-def maps_args(config: dict, dataset: str, teacher_model: str, student_model: str | None,
-              out_dir: str) -> str:
-    tree = {"teacher": teacher_model,
+def maps_overrides(config: dict, dataset: str, teacher_model: str,
+                   student_model: str | None) -> dict:
+    return {"teacher": teacher_model,
             **({"model": student_model} if student_model else {}),
             **_data(config, dataset),
             "layers": config["figures"]["attention_layers"],
             "images": config["figures"]["attention_images"]}
-    return command_line("attention-maps", out_dir, tree)
 
 
 AXIS_TABLES = {"by_dataset": "dataset", "by_teacher": "teacher", "by_size": "size"}
@@ -308,8 +260,8 @@ def grid_document(config: dict, cells: list[Cell]) -> dict:
     return document
 
 
-def bench_args(config: dict, out_dir: str) -> str:
-    return command_line("bench", out_dir, dict(config.get("bench") or {}))
+def bench_overrides(config: dict) -> dict:
+    return dict(config.get("bench") or {})
 
 
 # --- robustness: corrupted copies made once per dataset, every teacher and cell scored ---------
@@ -322,40 +274,18 @@ def corrupt_datasets(config: dict) -> list[str]:
     return list(config["datasets"]) if robustness_section(config).get("corruptions") else []
 
 
-def robustness_targets(config: dict, cells: list[Cell]) -> list[tuple[str, str, str,
-                                                                      Cell | None]]:
-    """(dataset, teacher, size, cell) of every model scored: each teacher model (cell None),
-    then each cell."""
-    return ([(d, t, s, None) for d, t, s in teachers(config, cells)]
-            + [(c.dataset, c.teacher, c.size, c) for c in cells])
-
-
-def corrupt_dir(results: str, dataset: str) -> str:
-    return f"{results}/robustness/corrupted/{dataset}"
-
-
-def robustness_dir(results: str, dataset: str, teacher: str, size: str,
-                   cell: Cell | None = None) -> str:
-    """A cell's robustness run, or its teacher model's (cell None)."""
-    if cell is None:
-        return f"{results}/robustness/teachers/{dataset}/{teacher}/{size}"
-    return f"{results}/robustness{cell_dir('', cell)}"            # .../robustness/cells/...
-
-
 def _robustness_data(config: dict, dataset: str) -> dict:
     """The dataset's entry with the section's data fields (batch size, workers, test_subset)."""
     return deep_merge(_data(config, dataset), {"data": robustness_section(config).get("data")
                                                or {}})
 
 
-def corrupt_args(config: dict, dataset: str, out_dir: str) -> str:
-    tree = {**_robustness_data(config, dataset),
+def corrupt_overrides(config: dict, dataset: str) -> dict:
+    return {**_robustness_data(config, dataset),
             "corruptions": robustness_section(config)["corruptions"]}
-    return command_line("corrupt", out_dir, tree)
 
 
-def robustness_args(config: dict, dataset: str, checkpoint: str, corrupted: str | None,
-                    out_dir: str) -> str:
-    tree = {**_robustness_data(config, dataset), "checkpoint": checkpoint,
+def robustness_overrides(config: dict, dataset: str, checkpoint: str,
+                         corrupted: str | None) -> dict:
+    return {**_robustness_data(config, dataset), "checkpoint": checkpoint,
             "corrupted": corrupted, "shifts": robustness_section(config).get("shifts") or {}}
-    return command_line("robustness", out_dir, tree)

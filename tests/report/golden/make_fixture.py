@@ -34,14 +34,8 @@ from linvit.io import sha256_file, write_json, write_text, write_yaml
 from linvit.report.record import write_record
 from linvit.runs.rundir import MARKER, owned_names
 from linvit.stages import STAGES
-from linvit.workflow.grid import (
-    Cell,
-    cell_dir,
-    distill_dir,
-    expand_grid,
-    grid_document,
-    teacher_dir,
-)
+from linvit.workflow.grid import Cell, expand_grid, grid_document
+from linvit.workflow.jobs import KINDS
 
 HERE = Path(__file__).resolve().parent
 RESULTS = "fixture"                  # the results folder, relative to the folder holding it
@@ -74,6 +68,12 @@ CELLS = {
     ("linear", "copy_mlp+distill", "map", 0): "error",  # its distillation failed
 }
 DISTILLS = {"out": 40.79, "map": "error"}
+
+
+def path(kind: str, part: str, **wildcards) -> str:
+    """A job's folder or log, from the workflow's own templates (linvit.workflow.jobs)."""
+    template = getattr(KINDS[kind], part)
+    return f"{RESULTS}/{template.format(**wildcards)}"
 
 
 def png(width: int = 1, height: int = 1) -> bytes:
@@ -125,7 +125,7 @@ def failed_log(job: str, reason: str) -> str:
 
 
 def teacher_job(root: Path, jobs: list) -> None:
-    run_dir = teacher_dir(RESULTS, "fashion_mnist", "pretrain", "cpu96")
+    run_dir = path("teacher", "folder", dataset="fashion_mnist", teacher="pretrain", size="cpu96")
     config = {"data": {"dataset": "fashion_mnist", "batch_size": 64},
               "model": {"size": "cpu96", "operator": "softmax"},
               "optim": {"epochs": 2, "lr": 0.002}, "run": {"seed": 0}}
@@ -141,7 +141,9 @@ def teacher_job(root: Path, jobs: list) -> None:
 
 
 def distill_job(root: Path, jobs: list, loss: str, result) -> None:
-    run_dir = distill_dir(RESULTS, "fashion_mnist", "pretrain", "cpu96", "linear", loss)
+    where = dict(dataset="fashion_mnist", teacher="pretrain", size="cpu96", operator="linear",
+                 loss=loss)
+    run_dir = path("distill", "folder", **where)
     config = {"data": {"dataset": "fashion_mnist", "train_subset": 30000},
               "model": {"operator": "linear"}, "distill": {"losses": CONFIG["losses"][loss]},
               "optim": {"epochs": 1, "lr": 0.001}, "run": {"seed": 0}}
@@ -151,7 +153,7 @@ def distill_job(root: Path, jobs: list, loss: str, result) -> None:
                                       "size": "cpu96"},
            "run_dir": run_dir, "status": 0, "log": None}
     if result == "error":
-        job["log"] = f"{RESULTS}/logs/distill/fashion_mnist/pretrain/cpu96/linear/{loss}.log"
+        job["log"] = path("distill", "log", **where)
         write_text(root / job["log"], failed_log("distill", "non-finite loss at step 3"))
         job["status"] = 1
     else:
@@ -168,14 +170,13 @@ def distill_job(root: Path, jobs: list, loss: str, result) -> None:
 def cell_job(root: Path, jobs: list, operator: str, init: str, loss: str, seed: int,
              result) -> None:
     cell = Cell("fashion_mnist", "pretrain", "cpu96", operator, init, loss, seed)
-    run_dir = cell_dir(RESULTS, cell)
+    run_dir = path("cell", "folder", **cell.as_dict())
     config = {"data": {"dataset": "fashion_mnist", "train_subset": 10000},
               "model": {"operator": operator}, "init": {"strategy": init},
               "optim": {"epochs": 2, "lr": 0.001}, "run": {"seed": seed}}
     start_run(root / run_dir, "finetune", config)
     job = {"kind": "cell", "key": cell.as_dict(), "run_dir": run_dir, "status": 0, "log": None}
-    log = (f"{RESULTS}/logs/cells/fashion_mnist/pretrain/cpu96/{operator}/{init}/{loss}"
-           f"/seed{seed}.log")
+    log = path("cell", "log", **cell.as_dict())
     if result == "error":
         write_text(root / log, failed_log("finetune", "distilled model not found"))
         job.update(status=1, log=log)

@@ -1,0 +1,5 @@
+"""The kinds of job record (`record --kind`): what made a record.json. "import" (timm weights a
+probe job then gives a head), "maps" (attention maps for the figure), "corrupt" and "robustness"
+never reach collection (what reads them is a later job or their own report step). Alone in this
+module so that the report CLI names its choices without importing a step."""
+KINDS = ("teacher", "import", "distill", "cell", "dense", "bench", "maps", "corrupt", "robustness")
