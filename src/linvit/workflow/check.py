@@ -7,18 +7,24 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import yaml
+
 from linvit import found_files
 from linvit.workflow import memo
 from linvit.workflow.grid import teacher_specs
 from linvit.workflow.plan import Plan, plan
 
+# The workflow's config schema (the checkout's; only its Snakefile imports this module) is the one
+# source of the name pattern and the grid keys, which this check applies where the schema is not
+# read (a config given in Python) and names in its messages.
+SCHEMA = yaml.safe_load((Path(__file__).resolve().parents[3] / "workflow" / "schemas"
+                         / "config.schema.yaml").read_text())
 # Grid names become folder names, wildcards and command-line words: a letter or digit first (no
 # leading '-' or '.'), then no slash, space, quote or shell character; '+' for strategies such as
-# copy_mlp+distill. workflow/schemas/config.schema.yaml repeats this pattern (a test holds them
-# equal).
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
-# The keys that make a config a grid: the schema's `required` (a test holds them equal).
-GRID_KEYS = ("datasets", "sizes", "operators", "strategies", "seeds", "losses", "main_loss")
+# copy_mlp+distill.
+NAME_PATTERN = SCHEMA["$defs"]["name"]["pattern"]
+# The keys that make a config a grid.
+GRID_KEYS = tuple(SCHEMA["required"])
 
 
 def use_shipped_grid(config: dict, configfiles: list) -> bool:
