@@ -14,11 +14,24 @@ def default_config() -> dict:
     return config
 
 
+def mocov3_backbone(path: Path) -> Path:
+    """A headless cpu96 backbone for 28 px grey images in MoCo v3's layout (the encoder under
+    module.base_encoder., a projection MLP as its head), as `import-teacher` reads it."""
+    import torch
+
+    from linvit.models import ModelSpec, create_vit
+
+    backbone = create_vit(ModelSpec("cpu96", "softmax", 0, 28, 1)).state_dict()
+    state = {f"module.base_encoder.{k}": v for k, v in backbone.items()}
+    state["module.base_encoder.head.0.weight"] = torch.zeros(256, 96)
+    torch.save({"epoch": 1, "state_dict": state}, path)
+    return path
+
+
 def teacher_axis_config(tmp_path) -> dict:
     """The default grid with three teachers: pretrained at the student size, pretrained wider and
     selected down, and imported timm weights given a head by a linear probe."""
-    weights = tmp_path / "deit.safetensors"
-    weights.write_bytes(b"")
+    weights = mocov3_backbone(tmp_path / "deit.pth")
     config = {**default_config(), "operators": ["linear"], "loss_grid": None, "dense": None,
               "teachers": {"pretrain": {"source": "pretrain"},
                            "wide": {"source": "pretrain", "size": "cpu192",

@@ -335,3 +335,29 @@ def test_a_root_for_a_dataset_that_reads_none_is_refused(name, tmp_path):
 
     with pytest.raises(ConfigError, match=f"data.root: {name} reads no folder"):
         load_config(PretrainConfig, None, [f"data.dataset={name}", f"data.root={tmp_path}"])
+
+
+def test_an_imagefolder_split_is_labelled_by_the_training_classes_names(tmp_path, monkeypatch):
+    """val/ labels come from train/'s classes by name; a val/ that lacks a class (which would
+    shift the labels of every class after it) or has one train/ does not is refused."""
+    import shutil
+
+    fake_imagefolder(tmp_path, monkeypatch)
+    ds = get_dataset("imagefolder")
+    assert [label for _, label in ds.folder(str(tmp_path), "test", None).samples] == \
+        [0] * 3 + [1] * 3 + [2] * 3
+    shutil.rmtree(tmp_path / "val" / "class1")
+    with pytest.raises(DatasetNotFound, match="no folder for 1 of the 3 classes of train/, e.g. "
+                                              "'class1'"):
+        ds.folder(str(tmp_path), "test", None)
+    with pytest.raises(DatasetNotFound, match="no folder for 1 of the 3"):
+        ds.loader(str(tmp_path), "test", batch_size=2, train=False, img_size=16)
+    shutil.copytree(tmp_path / "val" / "class2", tmp_path / "val" / "class1")
+    (tmp_path / "val" / "zebra").mkdir()
+    with pytest.raises(DatasetNotFound, match="1 class folders are not classes of train/"):
+        ds.folder(str(tmp_path), "test", None)
+    (tmp_path / "val" / "zebra").rmdir()
+    for image in (tmp_path / "val" / "class1").iterdir():
+        image.unlink()
+    with pytest.raises(DatasetNotFound, match="class1"):           # a class without an image
+        ds.folder(str(tmp_path), "test", None)

@@ -88,8 +88,17 @@ def write_images(root, folders, per_folder=2):
 
 def test_imagenet_v2_labels_are_the_folder_numbers_not_their_string_order(tmp_path):
     write_images(tmp_path, ["0", "2", "10", "100"], per_folder=1)
-    labels = [label for _, label in SHIFTS["imagenet_v2"].samples(tmp_path)]
+    labels = [label for _, label in SHIFTS["imagenet_v2"].samples(tmp_path, partial=True)]
     assert labels == [0, 2, 10, 100]                # a string sort would label them 0, 1, 2, 3
+
+
+def test_a_shift_set_with_part_of_its_classes_is_refused_unless_asked_then_counted(tmp_path):
+    shift = SHIFTS["imagenet_r"]
+    write_images(tmp_path, list(shift.label_of())[:2])
+    with pytest.raises(DatasetNotFound, match="images of 2 of its 200 classes"):
+        shift.samples(tmp_path)
+    samples = shift.samples(tmp_path, partial=True)
+    assert len(samples) == 4 and shift.coverage(samples) == (2, 200)
 
 
 def test_a_and_r_use_timm_s_200_class_subsets(tmp_path):
@@ -117,7 +126,7 @@ def test_a_subset_model_is_scored_on_the_subset_s_logits(tmp_path):
     shift = SHIFTS["imagenet_a"]
     wnids = list(shift.label_of())[:5]
     write_images(tmp_path, wnids)
-    samples = shift.samples(tmp_path)
+    samples = shift.samples(tmp_path, partial=True)
     index_of = shift.class_indices()
 
     def encode(label):                   # the image of class `label`: its ImageNet index
@@ -255,3 +264,22 @@ def test_report_table_has_the_teacher_first_differences_to_it_and_missing_cells(
     assert (tmp_path / "robustness.png").stat().st_size > 0
     for ext in ("csv", "md", "tex"):
         assert (tmp_path / f"robustness.{ext}").is_file()
+
+
+def test_a_partial_shift_set_s_counts_and_title_say_how_much_was_scored(tmp_path, tiny_spec):
+    from types import SimpleNamespace
+
+    from linvit.config import DataCfg
+    from linvit.robustness.stages import _shift_loader, _shift_title
+
+    write_images(tmp_path, list(SHIFTS["imagenet_a"].label_of())[:3])
+    info = get_dataset("fashion_mnist").info()
+    rt = Runtime(torch.device("cpu"), progress=False)
+    cfg = SimpleNamespace(partial_shifts=False, data=DataCfg(workers=0))
+    with pytest.raises(DatasetNotFound, match="images of 3 of its 200 classes"):
+        _shift_loader("imagenet_a", tmp_path, tiny_spec, info, cfg, rt)
+    cfg.partial_shifts = True
+    _, counts = _shift_loader("imagenet_a", tmp_path, tiny_spec, info, cfg, rt)
+    assert counts == {"images": 6, "classes": 3, "of": 200}
+    assert _shift_title("imagenet_a", counts) == "ImageNet-A (partial: 3/200 classes)"
+    assert _shift_title("imagenet_a", {**counts, "classes": 200}) == "ImageNet-A"

@@ -61,6 +61,10 @@ NAME_RULE = f"allowed: {check.NAME_PATTERN}"
      "stages.finetune (job cells/fashion_mnist/pretrain/cpu96/inline/random/none/seed0): "
      "model.operator_options"),
     ({"bench": {"tokens": [15]}}, "bench (job bench): tokens[0]: 15 is not a positive square"),
+    # what every job would refuse, refused once at plan time
+    ({"robustness": {"shifts": {"imagenet_a": "/data/imagenet-a"}}},
+     "robustness.shifts: ImageNet shift sets score a 1000-class ImageNet model; "
+     "datasets.fashion_mnist (fashion_mnist) has 10 classes"),
 ])
 def test_check_config_names_the_field(change, message):
     config = {k: v for k, v in {**default_config(), **change}.items() if v is not None}
@@ -218,3 +222,26 @@ def test_adapter_interactions_that_do_not_fit_a_dense_backbone_are_refused_befor
         check.check_config(config, str(ROOT / "Snakefile"))
     config["dense"]["adapter"] = {"interactions": [[0, 2], [3, 5]]}
     check.check_config(config, str(ROOT / "Snakefile"))
+
+
+def test_a_teacher_file_its_import_job_would_refuse_is_refused_by_the_check(tmp_path):
+    """The check runs the import each job runs: a file that is not a checkpoint, or one with NaN
+    weights, fails the plan, not the jobs."""
+    import torch
+
+    config = teacher_axis_config(tmp_path)
+    check.check_config(config, str(ROOT / "Snakefile"))
+    deit = config["teachers"]["deit"]
+    broken = tmp_path / "broken.pth"
+    broken.write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="teachers.deit.file: .*broken.pth"):
+        check.check_config({**config, "teachers": {**config["teachers"],
+                                                   "deit": {**deit, "file": str(broken)}}},
+                           str(ROOT / "Snakefile"))
+    state = torch.load(deit["file"])
+    next(iter(state["state_dict"].values())).fill_(float("nan"))
+    torch.save(state, tmp_path / "nan.pth")
+    with pytest.raises(ConfigError, match="teachers.deit.file: .*non-finite|NaN"):
+        check.check_config({**config, "teachers": {**config["teachers"],
+                                                   "deit": {**deit, "file": str(tmp_path / "nan.pth")}}},
+                           str(ROOT / "Snakefile"))

@@ -1,5 +1,9 @@
 """Any ImageFolder tree in ImageNet layout: ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg.
 
+The classes are train/'s folders, sorted; every split is labelled by class name against them (a
+val/ that lacks a class must not shift the labels of the classes after it). A split that lacks a
+class, or has one train/ does not, is refused: a score on part of the classes is not the split's.
+
 Transforms are timm's (RandAugment-free defaults: random resized crop + flip for training, resize
 and centre crop for evaluation) at data.img_size, with ImageNet normalisation.
 """
@@ -47,12 +51,11 @@ class ImageFolderDataset:
                img_size=None, workers=4):
         import torch
         from timm.data import create_transform
-        from torchvision.datasets import ImageFolder
 
         info = self.info(root, img_size)
         transform = create_transform(info.img_size, is_training=train, mean=info.mean,
                                      std=info.std)
-        ds = ImageFolder(str(self._split_dir(root, split)), transform=transform)
+        ds = self.folder(root, split, transform)
         from linvit.data.base import subset_indices
 
         idx = subset_indices(len(ds), subset, field=f"data.{'train' if train else 'test'}_subset")
@@ -60,3 +63,31 @@ class ImageFolderDataset:
             ds = torch.utils.data.Subset(ds, idx.tolist())
         return TorchLoader(ds, batch_size, shuffle=train, seed=seed, rank=rank, world=world,
                            workers=workers)
+
+    def folder(self, root, split, transform):
+        """The split as a torchvision ImageFolder whose labels are the training classes' indices,
+        by class name (torchvision would number the split's own folders)."""
+        from torchvision.datasets import ImageFolder
+
+        classes = list(self.info(root).class_names)
+        where = self._split_dir(root, split)
+        found = sorted(p.name for p in where.iterdir() if p.is_dir())
+        unknown = [c for c in found if c not in classes]
+        if unknown:
+            raise DatasetNotFound(f"{where}: {len(unknown)} class folders are not classes of "
+                                  f"train/, e.g. {unknown[0]!r} (the model knows only train/'s)")
+        missing = [c for c in classes if c not in found]
+        if missing:
+            raise DatasetNotFound(f"{where}: has no folder for {len(missing)} of the "
+                                  f"{len(classes)} classes of train/, e.g. {missing[0]!r}; a "
+                                  "score on part of the classes would pass for the split's")
+        index = {c: i for i, c in enumerate(classes)}
+
+        class ByTrainClasses(ImageFolder):
+            def find_classes(self, directory):
+                return classes, index
+
+        try:
+            return ByTrainClasses(str(where), transform=transform)
+        except FileNotFoundError as e:       # a class folder without an image
+            raise DatasetNotFound(f"{where}: {e}") from None

@@ -52,6 +52,7 @@ class RobustnessConfig:
     data: DataCfg = field(default_factory=DataCfg)    # the clean test split
     corrupted: str | None = None      # a `linvit corrupt` run's corrupted.safetensors, or none
     shifts: dict[str, str] = field(default_factory=dict)   # shift set -> its folder
+    partial_shifts: bool = False      # score a set that lacks classes (reported as partial)
     run: RunCfg = field(default_factory=RunCfg)
 
     def validate(self, p: str) -> None:

@@ -46,9 +46,11 @@ class ShiftSet:
                              else "imagenet_synsets.txt")
         return {wnid: i for i, wnid in enumerate(synsets)}
 
-    def samples(self, root: str | Path) -> list[tuple[Path, int]]:
+    def samples(self, root: str | Path, partial: bool = False) -> list[tuple[Path, int]]:
         """(image, label) of every image under root/<class folder>/, in a fixed order; unknown
-        class folders are an error (a wrong root must not score as a shift)."""
+        class folders are an error (a wrong root must not score as a shift), and so is a set
+        with images of fewer than all its classes unless `partial` (then its score is reported
+        as partial: `coverage`)."""
         root = Path(root)
         if not root.is_dir():
             raise DatasetNotFound(f"{self.title}: folder not found: {root}")
@@ -62,7 +64,16 @@ class ShiftSet:
                for f in sorted(d.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
         if not out:
             raise DatasetNotFound(f"{self.title}: no images under {root}")
+        have, of = self.coverage(out)
+        if have < of and not partial:
+            raise DatasetNotFound(f"{self.title} at {root}: images of {have} of its {of} "
+                                  "classes; a score on part of the set would pass for the set's "
+                                  "(robustness `partial_shifts: true` scores it as partial)")
         return out
+
+    def coverage(self, samples: list[tuple[Path, int]]) -> tuple[int, int]:
+        """(classes with an image among `samples`, classes of the set)."""
+        return len({label for _, label in samples}), len(set(self.label_of().values()))
 
 
 SHIFTS = {

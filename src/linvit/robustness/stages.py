@@ -75,11 +75,9 @@ def uint8_test_split(data, samples: int | None) -> tuple[torch.Tensor, torch.Ten
 def _folder_split(ds, data, samples) -> tuple[torch.Tensor, torch.Tensor]:
     """Only the subset's images are read (an ImageNet val split does not fit in memory)."""
     from timm.data import create_transform
-    from torchvision.datasets import ImageFolder
 
     info = ds.info(data.root, data.img_size)
-    folder = ImageFolder(str(ds._split_dir(data.root, "test")),
-                         transform=create_transform(info.img_size, normalize=False))
+    folder = ds.folder(data.root, "test", create_transform(info.img_size, normalize=False))
     idx = subset_indices(len(folder), samples, field="corruptions.samples")
     pairs = [folder[i] for i in (range(len(folder)) if idx is None else idx.tolist())]
     return torch.stack([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs])
@@ -96,8 +94,8 @@ def run_robustness(cfg, out, replace: bool = False) -> dict:
     if cfg.shifts and model.spec.num_classes != IMAGENET_CLASSES:
         raise ConfigError(f"shifts: ImageNet shift sets score a {IMAGENET_CLASSES}-class "
                           f"ImageNet model; {cfg.checkpoint} has {model.spec.num_classes} classes")
-    shift_loaders = {name: _shift_loader(name, root, model.spec, info, cfg.data, rt)
-                     for name, root in cfg.shifts.items()}
+    shift_loaders = {name: _shift_loader(name, root, model.spec, info, cfg, rt)
+                     for name, root in cfg.shifts.items()}      # name -> (loader, counts)
     test = make_test_loader(cfg.data, rt)
     run.open(test.summary)
     metrics = {"top1": evaluate(model, test, rt, info.num_classes)["top1"]}
@@ -105,9 +103,11 @@ def run_robustness(cfg, out, replace: bool = False) -> dict:
         metrics["corruptions"] = _score_corruptions(model, corrupted, info, cfg.data, rt)
     if shift_loaders:
         metrics["shifts"] = {name: _score_shift(model, name, loader, rt)
-                             for name, loader in shift_loaders.items()}
+                             for name, (loader, _) in shift_loaders.items()}
+        metrics["shift_counts"] = {name: counts for name, (_, counts) in shift_loaders.items()}
         # the report reads files only: each set's title travels with its score
-        metrics["shift_titles"] = {name: SHIFTS[name].title for name in shift_loaders}
+        metrics["shift_titles"] = {name: _shift_title(name, counts)
+                                   for name, (_, counts) in shift_loaders.items()}
     return run.finish({**metrics, "checkpoint": cfg.checkpoint, "spec": model.spec.as_dict()})
 
 
@@ -152,12 +152,23 @@ class _Subset(nn.Module):
         return self.model(x)[:, self.indices]
 
 
-def _shift_loader(name, root, spec, info, data, rt) -> TorchLoader:
+def _shift_loader(name, root, spec, info, cfg, rt) -> tuple[TorchLoader, dict]:
+    """The set's loader, and how much of the set it scores: images, classes with an image,
+    classes of the set."""
     from timm.data import create_transform
 
     transform = create_transform(spec.img_size, mean=info.mean, std=info.std)
-    return TorchLoader(ShiftDataset(SHIFTS[name].samples(root), transform), data.eval_batch_size,
-                       shuffle=False, rank=rt.rank, world=rt.world, workers=data.workers)
+    samples = SHIFTS[name].samples(root, partial=cfg.partial_shifts)
+    have, of = SHIFTS[name].coverage(samples)
+    loader = TorchLoader(ShiftDataset(samples, transform), cfg.data.eval_batch_size,
+                         shuffle=False, rank=rt.rank, world=rt.world, workers=cfg.data.workers)
+    return loader, {"images": len(samples), "classes": have, "of": of}
+
+
+def _shift_title(name, counts) -> str:
+    title = SHIFTS[name].title
+    return title if counts["classes"] == counts["of"] else (
+        f"{title} (partial: {counts['classes']}/{counts['of']} classes)")
 
 
 def _score_shift(model, name, loader, rt) -> float:

@@ -58,7 +58,8 @@ def progress(iterable, rt: Runtime, total: int, desc: str):
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, rt: Runtime, num_classes: int) -> dict:
-    """Top-1/top-5 accuracy (%), cross-entropy, per-class accuracy and throughput."""
+    """Top-1/top-5 accuracy (%), cross-entropy, per-class accuracy, throughput, and how many
+    images and classes were scored."""
     model.eval()
     k = min(5, num_classes)
     hits = torch.zeros(3, device=rt.device)                    # top1, topk, loss sum
@@ -86,4 +87,5 @@ def evaluate(model: nn.Module, loader, rt: Runtime, num_classes: int) -> dict:
         "per_class_acc": (100 * per_class[0] / per_class[1].clamp_min(1)).tolist(),
         "eval_img_per_s": n / elapsed,
         "eval_samples": int(n),
+        "eval_classes": int((per_class[1] > 0).sum().item()),     # classes with an image
     }

@@ -11,7 +11,7 @@ import yaml
 
 from linvit import found_files
 from linvit.workflow import memo
-from linvit.workflow.grid import teacher_specs
+from linvit.workflow.grid import robustness_section, teacher_specs
 from linvit.workflow.plan import Plan, plan
 
 # The workflow's config schema (the checkout's; only its Snakefile imports this module) is the one
@@ -133,6 +133,54 @@ def _check_teachers(config: dict) -> None:
             found_files.note_checked(file)
 
 
+def _check_teacher_files(config: dict) -> None:
+    """Each imported teacher file goes through the import its job will run (format, layout,
+    head, finiteness), for each dataset it teaches whose data this host can read: a grid that
+    passes the check does not fail on its teacher file."""
+    from linvit.data import get_dataset
+    from linvit.errors import CheckpointError, ConfigError, DataError
+    from linvit.models import ModelSpec
+    from linvit.models.timm_import import import_timm_weights
+
+    for name, spec in teacher_specs(config).items():
+        if spec["source"] != "timm" or spec.get("file") is None:
+            continue
+        headless = bool(spec.get("headless"))
+        for data in config["datasets"].values():
+            try:
+                info = get_dataset(data["dataset"]).info(data.get("root"), data.get("img_size"))
+            except DataError:
+                continue                    # data on the hosts the jobs run on: they check it
+            model = ModelSpec(spec["size"], "softmax", 0 if headless else info.num_classes,
+                              info.img_size, info.in_chans)
+            try:
+                import_timm_weights(model, spec["file"], not headless,
+                                    spec.get("layout", "timm"), spec.get("timm_name"))
+            except CheckpointError as e:
+                raise ConfigError(f"teachers.{name}.file: {e}") from None
+
+
+def _check_shift_classes(config: dict) -> None:
+    """ImageNet shift sets score 1000-class ImageNet models: a grid whose dataset has other
+    classes is refused here, not by each of its robustness jobs."""
+    from linvit.data import get_dataset
+    from linvit.errors import ConfigError, DataError
+    from linvit.robustness.shifts import IMAGENET_CLASSES
+
+    if not (robustness_section(config).get("shifts")):
+        return
+    for name, data in config["datasets"].items():
+        try:
+            classes = get_dataset(data["dataset"]).info(data.get("root"),
+                                                        data.get("img_size")).num_classes
+        except DataError:
+            continue
+        if classes != IMAGENET_CLASSES:
+            raise ConfigError(f"robustness.shifts: ImageNet shift sets score a "
+                              f"{IMAGENET_CLASSES}-class ImageNet model; datasets.{name} "
+                              f"({data['dataset']}) has {classes} classes")
+
+
 def job_arguments(config: dict, existing_file: str,
                   jobs: Plan | None = None) -> list[tuple[str, str, str, list[str]]]:
     """(config field, job folder, stage, overrides) of every job the workflow can run, as its
@@ -174,6 +222,8 @@ def _check_config(config: dict, existing_file: str) -> None:
     check_names(config)
     _check_registries(config)
     _check_teachers(config)
+    _check_teacher_files(config)
+    _check_shift_classes(config)
     jobs = plan(config)
     built = {}
     for field, where, stage, overrides in job_arguments(config, existing_file, jobs):

@@ -287,5 +287,7 @@ def corrupt_overrides(config: dict, dataset: str) -> dict:
 
 def robustness_overrides(config: dict, dataset: str, checkpoint: str,
                          corrupted: str | None) -> dict:
+    section = robustness_section(config)
+    partial = {"partial_shifts": True} if section.get("partial_shifts") else {}
     return {**_robustness_data(config, dataset), "checkpoint": checkpoint,
-            "corrupted": corrupted, "shifts": robustness_section(config).get("shifts") or {}}
+            "corrupted": corrupted, "shifts": section.get("shifts") or {}, **partial}
