@@ -273,3 +273,22 @@ def test_a_subset_larger_than_its_split_and_a_negative_process_count_are_refused
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--nproc", "-3", *args])
     assert exit_.value.code == 2 and "not a count of processes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("operator, name, default",
+                         [c for c in OPTION_CASES if type(c[2]) is int])
+def test_an_absurd_int_option_is_refused_before_anything_is_allocated(operator, name, default):
+    """A gate rank of 10^12 asks for hundreds of terabytes: refused by the config check (its
+    layer's parameters counted on the meta device), not by an allocation failure mid-run."""
+    from linvit.models.sizes import get_size
+    from linvit.models.spec import MAX_LAYER_PARAMETERS, layer_parameters
+
+    value = 10**12 + 1                                   # odd: a kernel size stays odd
+    try:
+        cfg = load_config(PretrainConfig, None, [f"model.operator={operator}",
+                                                 f"model.operator_options.{name}={value}"])
+    except ConfigError as e:
+        assert "model" in str(e)
+        return
+    spec = ModelSpec("cpu96", operator, 10, 28, 1, cfg.model.operator_options)
+    assert layer_parameters(spec, get_size("cpu96")) <= MAX_LAYER_PARAMETERS

@@ -361,3 +361,12 @@ def test_an_imagefolder_split_is_labelled_by_the_training_classes_names(tmp_path
         image.unlink()
     with pytest.raises(DatasetNotFound, match="class1"):           # a class without an image
         ds.folder(str(tmp_path), "test", None)
+
+
+def test_an_image_that_does_not_decode_is_a_data_error_naming_it(tmp_path, monkeypatch):
+    fake_imagefolder(tmp_path, monkeypatch)
+    bad = tmp_path / "val" / "class1" / "0.png"
+    bad.write_bytes(b"not a png")
+    folder = get_dataset("imagefolder").folder(str(tmp_path), "test", None)
+    with pytest.raises(DataError, match=f"{bad}: not a readable image"):
+        [folder[i] for i in range(len(folder))]

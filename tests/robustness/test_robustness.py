@@ -186,6 +186,30 @@ def test_corrupt_then_robustness_scores_the_model_s_own_predictions(tmp_path, mn
     assert saved["samples"] == 40
 
 
+@pytest.mark.parametrize("damage, message", [
+    (lambda t, m: t.pop("contrast/5"), "lacks or misshapes the sets its metadata names "
+                                       "('contrast/5'"),
+    (lambda t, m: t.update({"contrast/1": t["clean"][:1].clone()}), "misshapes the sets"),
+    (lambda t, m: m.update(names="contrast"), "metadata does not list its corruption names"),
+    (lambda t, m: m.pop("severities"), "metadata does not list"),
+])
+def test_a_damaged_corrupted_copy_is_refused_in_one_line_before_scoring(
+        tmp_path, mnist_root, checkpoint, capsys, damage, message):
+    from linvit.models.tensor_files import load_tensors, save_tensors
+    tensors = {"clean": torch.zeros(4, 1, 28, 28, dtype=torch.uint8),
+               "labels": torch.zeros(4, dtype=torch.long)}
+    tensors.update({f"contrast/{s}": tensors["clean"].clone() for s in (1, 5)})
+    meta = {"dataset": "fashion_mnist", "names": '["contrast"]', "severities": "[1, 5]"}
+    damage(tensors, meta)
+    save_tensors(tmp_path / "c.safetensors", tensors, meta)
+    out = tmp_path / "robust"
+    assert cli.main(["robustness", "-o", str(out), f"data.root={mnist_root}",
+                     f"checkpoint={checkpoint}", f"corrupted={tmp_path}/c.safetensors"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (out / "metrics.json").exists()
+
+
 def test_robustness_refuses_a_corrupted_copy_of_another_dataset(tmp_path, mnist_root, checkpoint):
     from linvit.models.tensor_files import save_tensors
     other = tmp_path / "other.safetensors"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from linvit.data.base import DataInfo
 from linvit.data.loaders import TorchLoader
-from linvit.errors import DatasetNotFound
+from linvit.errors import DataError, DatasetNotFound
 
 SPLIT_DIRS = {"train": "train", "test": "val"}
 DEFAULT_IMG_SIZE = 224
@@ -88,6 +88,18 @@ class ImageFolderDataset:
                 return classes, index
 
         try:
-            return ByTrainClasses(str(where), transform=transform)
+            return ByTrainClasses(str(where), transform=transform, loader=open_image)
         except FileNotFoundError as e:       # a class folder without an image
             raise DatasetNotFound(f"{where}: {e}") from None
+
+
+def open_image(path):
+    """An image file as RGB; one that does not decode is a DataError naming it (one line, exit
+    status 2), not a traceback from a loader worker."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise DataError(f"{path}: not a readable image ({type(e).__name__}: {e})") from None

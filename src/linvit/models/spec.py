@@ -10,7 +10,11 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from linvit.attention import check_options
-from linvit.models.sizes import get_size
+from linvit.models.sizes import ModelSize, get_size
+
+# More parameters than this in one attention layer (4 GiB in float32; a ViT-B layer has 2.4 M) is
+# an operator option of absurd size (a gate rank of 10^12), refused before anything is allocated.
+MAX_LAYER_PARAMETERS = 10**9
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,27 @@ class ModelSpec:
         if not (isinstance(self.drop_path, (int, float)) and math.isfinite(self.drop_path)
                 and 0 <= self.drop_path < 1):
             raise ValueError(f"drop_path: must be in [0, 1), got {self.drop_path!r}")
+        if self.operator_options and (n := layer_parameters(self, size)) > MAX_LAYER_PARAMETERS:
+            raise ValueError(f"operator_options {dict(self.operator_options)}: one attention "
+                             f"layer would hold {n:.3g} parameters ({4 * n / 2**30:.3g} GiB in "
+                             f"float32; at most {MAX_LAYER_PARAMETERS:.0e} are allowed)")
 
     def with_operator(self, operator: str, operator_options: dict | None = None) -> ModelSpec:
         return ModelSpec(**{**self.as_dict(), "operator": operator,
                             "operator_options": dict(operator_options or {})})
+
+
+def layer_parameters(spec: ModelSpec, size: ModelSize) -> int:
+    """Parameters of one of the spec's attention layers, counted on the meta device (nothing is
+    allocated, whatever the options ask for)."""
+    import torch
+
+    from linvit.attention import operator_class
+
+    try:
+        with torch.device("meta"):
+            layer = operator_class(spec.operator, **spec.operator_options)(
+                size.width, num_heads=size.heads, qkv_bias=True)
+    except (RuntimeError, OverflowError):     # a tensor beyond what torch can even describe
+        return 2**63 - 1
+    return sum(p.numel() for p in layer.parameters())

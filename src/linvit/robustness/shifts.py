@@ -94,8 +94,7 @@ class ShiftDataset:
         return len(self.items)
 
     def __getitem__(self, i: int):
-        from PIL import Image
+        from linvit.data.imagefolder import open_image
 
         path, label = self.items[i]
-        with Image.open(path) as image:
-            return self.transform(image.convert("RGB")), label
+        return self.transform(open_image(path)), label

@@ -112,6 +112,8 @@ def run_robustness(cfg, out, replace: bool = False) -> dict:
 
 
 def _read_corrupted(cfg, spec) -> dict:
+    """The corrupted copy, checked whole before anything is scored: its dataset, metadata, and
+    every set its metadata names, each the clean images' shape."""
     tensors, meta = load_tensors(cfg.corrupted)
     if meta.get("dataset") != cfg.data.dataset or "clean" not in tensors:
         raise ConfigError(f"corrupted: {cfg.corrupted} is not a corrupted copy of "
@@ -120,8 +122,21 @@ def _read_corrupted(cfg, spec) -> dict:
     if tuple(tensors["clean"].shape[1:]) != shape:
         raise ConfigError(f"corrupted: its images are {tuple(tensors['clean'].shape[1:])}, the "
                           f"model takes {shape}")
-    return {"tensors": tensors, "names": json.loads(meta["names"]),
-            "severities": json.loads(meta["severities"])}
+    try:
+        names, severities = json.loads(meta["names"]), json.loads(meta["severities"])
+        assert isinstance(names, list) and isinstance(severities, list) and names and severities
+    except (KeyError, ValueError, AssertionError):
+        raise ConfigError(f"corrupted: {cfg.corrupted}'s metadata does not list its corruption "
+                          "names and severities; make it again with `linvit corrupt`") from None
+    wanted = ["labels", *(f"{n}/{s}" for n in names for s in severities)]
+    missing = [k for k in wanted if k not in tensors]
+    wrong = [k for k in wanted[1:] if k not in missing
+             and tensors[k].shape != tensors["clean"].shape]
+    if missing or wrong or tensors["labels"].shape[:1] != tensors["clean"].shape[:1]:
+        raise ConfigError(f"corrupted: {cfg.corrupted} lacks or misshapes the sets its metadata "
+                          f"names ({(missing + wrong + ['labels'])[0]!r}...); make it again with "
+                          "`linvit corrupt`")
+    return {"tensors": tensors, "names": names, "severities": severities}
 
 
 def _score_corruptions(model, corrupted, info, data, rt) -> dict:
