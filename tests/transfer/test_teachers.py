@@ -164,3 +164,51 @@ def test_every_stage_refuses_a_teacher_that_is_not_a_plain_softmax_model(
                      *TEACHER_STAGES[stage]]) == 2
     assert why in capsys.readouterr().err
     assert not out.exists()
+
+
+# What the head of each stage's output model is, made from a teacher whose head is untrained
+# ("new", as imported from a self-supervised checkpoint): carried through a copy, "trained" where
+# the stage trains it. Every stage that reads a teacher and writes a model has an entry.
+HEAD_AFTER = {
+    "select": (["size=cpu96"], "new"),
+    "distill": (["model.operator=linear"], "new"),                    # head copied, not trained
+    "init": (["model.operator=linear", "init.strategy=copy_all"], "new"),
+    "finetune": (["model.operator=linear", "init.strategy=copy_all"], "trained"),
+    "probe": ([], "trained"),
+}
+
+
+def test_every_stage_that_derives_a_model_says_what_its_head_is():
+    from linvit.cli import stage_config
+    from linvit.stages import STAGES
+    derived = {name for name, stage in STAGES.items() if "model.safetensors" in stage.outputs
+               and "teacher" in stage_config(name).__dataclass_fields__}
+    assert derived == set(HEAD_AFTER)
+
+
+@pytest.mark.parametrize("stage", sorted(HEAD_AFTER))
+def test_a_derived_model_carries_its_head_state(tmp_path, mnist_root, stage):
+    from linvit.models.tensor_files import HEAD_KEY
+
+    teacher = tmp_path / "teacher.safetensors"
+    save_model(perturb(make_model(ModelSpec("cpu96", "softmax", 10, 28, 1))), teacher,
+               {HEAD_KEY: "new"})
+    args, expected = HEAD_AFTER[stage]
+    short = [] if stage in ("select", "init") else [
+        "optim.epochs=1", "optim.warmup_epochs=0", "data.batch_size=64",
+        "data.train_subset=128", "run.progress=false"]
+    out = tmp_path / "out"
+    assert cli.main([stage, "-o", str(out), f"teacher={teacher}", f"data.root={mnist_root}",
+                     "data.test_subset=64", *args, *short]) == 0
+    assert head_state(out / "model.safetensors") == expected
+
+
+def test_a_copied_head_keeps_its_source_s_state_and_a_new_one_is_new(tmp_path, mnist_root):
+    teacher = tmp_path / "teacher.safetensors"
+    save_model(perturb(make_model(ModelSpec("cpu96", "softmax", 10, 28, 1))), teacher)
+    for strategy, expected in (("copy_all", "trained"), ("random", "new")):
+        out = tmp_path / strategy
+        assert cli.main(["init", "-o", str(out), f"teacher={teacher}", f"data.root={mnist_root}",
+                         "data.test_subset=64", "model.operator=linear",
+                         f"init.strategy={strategy}"]) == 0
+        assert head_state(out / "model.safetensors") == expected, strategy

@@ -19,6 +19,7 @@ from linvit.io import write_json
 from linvit.models import ModelSpec, create_vit, load_model, read_spec, read_state_dict, save_model
 from linvit.models.attention_copy import MAPS_KEY
 from linvit.models.checkpoint import carried_metadata, check_teacher, head_state
+from linvit.models.tensor_files import HEAD_KEY
 from linvit.runs.evaluation import evaluate, make_loaders
 from linvit.runs.stage import completed_metrics, start_run
 from linvit.train.common import evaluate_init, finish_training
@@ -31,7 +32,7 @@ from linvit.transfer.distill import (
     freeze_except,
     teacher_forced_errors,
 )
-from linvit.transfer.groups import GROUPS
+from linvit.transfer.groups import GROUPS, group_of
 from linvit.transfer.init import apply_init
 from linvit.transfer.kd import LogitKDObjective
 from linvit.transfer.strategies import InitStrategy
@@ -94,6 +95,7 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     student = create_vit(spec)
     record = apply_init(student, distill_student_strategy(cfg.distill.attn_init),
                         read_state_dict(cfg.teacher))
+    record["sources"] = {"teacher": cfg.teacher}
     trainable = freeze_except(student, cfg.distill.train)
     objective = DistillObjective(student, teacher, cfg.distill.losses, cfg.distill.layers,
                                  cfg.distill.temperature)
@@ -121,7 +123,8 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     return finish_training(run, rt, student, history,
                            {"init": init_eval, "losses": cfg.distill.losses,
                             "trained_groups": cfg.distill.train,
-                            "train_flops_per_image": objective.flops_per_image()})
+                            "train_flops_per_image": objective.flops_per_image()},
+                           model_metadata(record, head_trained="head" in cfg.distill.train))
 
 
 def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:
@@ -141,9 +144,24 @@ def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:
     return model, record
 
 
-def model_metadata(record: dict) -> dict:
-    """What a student's model file must say beyond its spec: the teacher whose maps drive it."""
-    return {MAPS_KEY: record["teacher_maps"]} if record.get("teacher_maps") else {}
+def model_metadata(record: dict, head_trained: bool = False) -> dict:
+    """What a student's model file must say beyond its spec, for the stages after it to check:
+    the teacher whose maps drive it, and the state of its head: trained here, else that of the
+    model it was copied from (an imported teacher's untrained head stays untrained through a
+    copy), else new."""
+    meta = {MAPS_KEY: record["teacher_maps"]} if record.get("teacher_maps") else {}
+    if not head_trained:
+        meta[HEAD_KEY] = _copied_head_state(record)
+    return meta
+
+
+def _copied_head_state(record: dict) -> str:
+    sources = {e["source"] for name, e in record["tensors"].items() if group_of(name) == "head"}
+    if sources == {"new"} or not sources:
+        return "new" if sources else "none"
+    states = {head_state(record["sources"][s]) if s in record["sources"] else "new"
+              for s in sources}
+    return states.pop() if len(states) == 1 else "new"
 
 
 def run_init(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
@@ -188,7 +206,7 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
                   eval_every=cfg.run.eval_every)
     return finish_training(run, rt, model, history,
                            {"strategy": record["strategy"], "init": init_eval,
-                            "copied": record["summary"]}, model_metadata(record))
+                            "copied": record["summary"]}, model_metadata(record, head_trained=True))
 
 
 def run_select(cfg, out, replace: bool = False) -> dict:
