@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("overrides", nargs="*", metavar="field=value",
                       help="overrides applied to every stage, e.g. run.threads=2")
     sub.add_parser("list", help="print every registry: operators, sizes, strategies, ...")
+    plan = sub.add_parser("plan", help="what a workflow grid costs before it runs: FLOPs, "
+                          "device-hours and peak memory per stage and per axis",
+                          add_help=False)
+    plan.add_argument("options", nargs="*", help="--configfile FILE [--tflops X]; "
+                      "`linvit plan --help` lists them")
     return parser
 
 
@@ -92,21 +97,28 @@ def code_stamp_problem(stamp: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plan"]:        # its own options; the workflow's code, named, not imported
+        return _guarded("plan", lambda: _resolve("linvit.workflow.cost:main")(argv[1:]))
     args = build_parser().parse_args(argv)
     if args.code_stamp and (problem := code_stamp_problem(args.code_stamp)):
         print(f"linvit {args.command}: error: {problem}; run the workflow again", file=sys.stderr)
         return 2
     if args.nproc > 1 and "LOCAL_RANK" not in os.environ:
         relaunch_distributed(args.nproc, argv)
+    return _guarded(args.command, lambda: run_command(args))
+
+
+def _guarded(command: str, run) -> int:
+    """Exit status 2 and one line for bad input, 1 for a run that failed."""
     from linvit.errors import LinvitError, RunFailed
 
     try:
-        return run_command(args)
+        return run()
     except LinvitError as e:
-        print(f"linvit {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"linvit {command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except RunFailed as e:
-        print(f"linvit {args.command}: failed: {_one_line(e)}", file=sys.stderr)
+        print(f"linvit {command}: failed: {_one_line(e)}", file=sys.stderr)
         return 1
 
 

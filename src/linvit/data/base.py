@@ -40,6 +40,11 @@ class InMemoryDataset:
     install_hint: str = ""
     flip: bool = True            # horizontal flips in training augmentation (not for digits)
     reads_root: bool = True      # whether data.root means anything (False: the data ships)
+    split_sizes: dict = {}       # images per split, known without the data (what a plan costs)
+
+    def split_size(self, root: str | None, split: str) -> int | None:
+        """Images in a split, without reading it (None: not known here)."""
+        return self.split_sizes.get(split)
 
     def info(self, root: str | None = None, img_size: int | None = None) -> DataInfo:
         if img_size not in (None, self.info_.img_size):

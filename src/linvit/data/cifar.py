@@ -47,6 +47,7 @@ class CIFAR(InMemoryDataset):
         self.classes = classes
         self.folder, self.train_files, self.test_files, self.label_key = LAYOUT[classes]
         self.info_ = DataInfo(classes, 3, 32, *STATS[classes])
+        self.split_sizes = {"train": 50000, "test": 10000}
         self.install_hint = (f"Download CIFAR-{classes} (python version) once on a machine with "
                              "internet, e.g. torchvision.datasets.CIFAR"
                              f"{classes}(ROOT, download=True), and set data.root=ROOT.")

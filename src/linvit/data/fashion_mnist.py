@@ -60,6 +60,7 @@ def find_file(root: str | None, stem: str, hint: str) -> Path:
 
 class FashionMNIST(InMemoryDataset):
     info_ = DataInfo(10, 1, 28, (0.2860,), (0.3530,), CLASSES)
+    split_sizes = {"train": 60000, "test": 10000}
     install_hint = ("Install it with `apt-get install dataset-fashion-mnist` (Debian/Ubuntu), or "
                     "set data.root to a folder holding the IDX files or a torchvision "
                     "FashionMNIST root.")

@@ -16,6 +16,7 @@ from linvit.data.loaders import TorchLoader
 from linvit.errors import DataError, DatasetNotFound
 
 SPLIT_DIRS = {"train": "train", "test": "val"}
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 DEFAULT_IMG_SIZE = 224
 
 
@@ -31,6 +32,14 @@ class ImageFolderDataset:
             raise DatasetNotFound(f"imagefolder split {split!r} not found at {d}. "
                                   f"{self.install_hint}")
         return d
+
+    def split_size(self, root, split) -> int | None:
+        """Images in a split's class folders, counted without decoding (None: no folder here)."""
+        where = Path(root) / SPLIT_DIRS[split] if root else None
+        if where is None or not where.is_dir():
+            return None
+        return sum(1 for d in where.iterdir() if d.is_dir() for f in d.iterdir()
+                   if f.suffix.lower() in IMAGE_SUFFIXES)
 
     def image_size(self, img_size: int | None = None) -> int:
         return img_size or DEFAULT_IMG_SIZE

