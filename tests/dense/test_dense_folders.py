@@ -165,3 +165,27 @@ def test_a_folder_not_in_the_standard_layout_is_refused_before_any_compute(
     with pytest.raises(ConfigError, match="folder not found"):
         stages.run_dense(task, cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("task, kind, path, damage, message", [
+    ("segment", "ade20k", "images/training", "file", "must be a folder"),
+    ("segment", "ade20k", "annotations/training", "empty", "holds no image"),
+    ("detect", "coco", "val2017", "empty", "holds no image"),
+    ("detect", "coco", "annotations/instances_train2017.json", "folder", "must be a file")])
+def test_a_layout_with_a_file_for_a_folder_or_no_images_is_refused_before_any_write(
+        task, kind, path, damage, message, ade20k, coco, backbone_ckpt, tmp_path, monkeypatch):
+    import shutil
+
+    from linvit.dense import stages
+    from linvit.errors import ConfigError
+
+    monkeypatch.setattr(stages, "train_and_validate", lambda *a: pytest.fail("computed"))
+    root = shutil.copytree(ade20k if kind == "ade20k" else coco, tmp_path / kind)
+    target = root / path
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    {"file": target.write_text, "folder": lambda _: target.mkdir(),
+     "empty": lambda _: target.mkdir()}[damage]("x")
+    cfg = dense_cfg(task, root, backbone_ckpt, tmp_path, f"data.kind={kind}")
+    with pytest.raises(ConfigError, match=message):
+        stages.run_dense(task, cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -20,13 +20,16 @@ COCO_ANNOTATIONS = {"train": "annotations/instances_train2017.json",
 COCO_IMAGES = {"train": "train2017/", "val": "val2017/"}
 
 
-def required_paths(kind: str) -> list[str]:
-    """What a real folder of `kind` must hold (the embedded scenes check themselves)."""
+def required_paths(kind: str) -> dict[str, str]:
+    """What a real folder of `kind` must hold, path -> "images" (a folder with at least one
+    image) or "file" (the embedded scenes check themselves)."""
     if kind == "ade20k":
-        return [f"{d}/{s}" for d in ("images", "annotations") for s in ADE20K_SPLITS.values()]
+        return {f"{d}/{s}": "images" for d in ("images", "annotations")
+                for s in ADE20K_SPLITS.values()}
     if kind == "coco":
-        return [*COCO_IMAGES.values(), *COCO_ANNOTATIONS.values()]
-    return []
+        return {**{p.rstrip("/"): "images" for p in COCO_IMAGES.values()},
+                **{p: "file" for p in COCO_ANNOTATIONS.values()}}
+    return {}
 
 
 def scene_classes(root: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -72,10 +72,26 @@ def check_folder(data) -> None:
     root = Path(data.root)
     if not root.is_dir():
         raise ConfigError(f"data.root: folder not found: {root}")
-    missing = [p for p in required_paths(data.kind) if not (root / p).exists()]
+    required = required_paths(data.kind)
+    missing = [p for p in required if not (root / p).exists()]
     if missing:
         raise ConfigError(f"data.root: {root} is not a {data.kind} folder in the standard layout: "
                           f"missing {', '.join(missing)}")
+    for path, kind in required.items():
+        where = root / path
+        if kind == "file" and not where.is_file():
+            raise ConfigError(f"data.root: {where} must be a file ({data.kind} layout)")
+        if kind == "images" and not where.is_dir():
+            raise ConfigError(f"data.root: {where} must be a folder ({data.kind} layout)")
+        if kind == "images" and not _holds_an_image(where):
+            raise ConfigError(f"data.root: {where} holds no image ({data.kind} layout)")
+
+
+def _holds_an_image(folder: Path) -> bool:
+    """Whether `folder` (or a folder in it) holds an image file; stops at the first one."""
+    from linvit.data.imagefolder import IMAGE_SUFFIXES
+
+    return any(p.suffix.lower() in IMAGE_SUFFIXES and p.is_file() for p in folder.rglob("*"))
 
 
 def check_adapter(adapter, size) -> None:
