@@ -143,6 +143,7 @@ class OptimCfg:
     warmup_lr: float = 1e-6
     label_smoothing: float = 0.1
     clip_grad: float | None = None
+    layer_decay: float | None = None  # layer-wise lr decay (fine-tuning; timm's groups)
 
     def validate(self, p: str) -> None:
         positive(f"{p}.lr", self.lr)
@@ -154,6 +155,8 @@ class OptimCfg:
                               f"warm-up (epochs={self.epochs})")
         if not 0 <= self.label_smoothing < 1:
             raise ConfigError(f"{p}.label_smoothing: must be in [0, 1)")
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            raise ConfigError(f"{p}.layer_decay: must be in (0, 1], got {self.layer_decay}")
         positive(f"{p}.clip_grad", self.clip_grad)
         if self.opt not in COMMON_OPTIMIZERS:
             from timm.optim import list_optimizers

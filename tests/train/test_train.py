@@ -35,7 +35,12 @@ def finetune_cfg(root, teacher, *extra):
         "optim.warmup_epochs=1", "run.progress=false", "run.threads=1", *extra])
 
 
-@pytest.mark.parametrize("stage", ["pretrain", "finetune"])
+# DeiT's recipe's random parts (linvit.train.recipe): Mixup/CutMix draw from numpy, random
+# erasing from Python's random; layer decay changes the parameter groups the state restores.
+RECIPE = ("aug.mixup=0.8", "aug.cutmix=1.0", "aug.reprob=0.25", "optim.layer_decay=0.75")
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "finetune", "finetune+recipe"])
 def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_path, monkeypatch,
                                                              stage):
     # two epochs: the interrupt lands after the warmup epoch, in the cosine one
@@ -47,7 +52,8 @@ def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_pat
                      tmp_path / "teacher")
         run = run_finetune
         cfg = finetune_cfg(mnist_root, tmp_path / "teacher" / "model.safetensors",
-                           "model.drop_path=0.1", "optim.epochs=2")
+                           "model.drop_path=0.1", "optim.epochs=2",
+                           *(RECIPE if stage.endswith("recipe") else ()))
     full = run(cfg, tmp_path / "full")
 
     real, calls = trainer.train_one_epoch, []
@@ -69,7 +75,7 @@ def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_pat
     resumed = run(cfg, tmp_path / "cut")
     for key in ("top1", "top5", "loss", "per_class_acc"):
         assert resumed[key] == full[key], key
-    if stage == "finetune":                     # accuracy at init survives the interrupt
+    if stage != "pretrain":                     # accuracy at init survives the interrupt
         assert resumed["init"]["top1"] == full["init"]["top1"]
     # the portable cost: images seen over both epochs (512 a pass), FLOPs per image of the model
     from linvit.models.flops import train_flops_per_image

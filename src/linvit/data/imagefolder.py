@@ -57,13 +57,13 @@ class ImageFolderDataset:
                         tuple(IMAGENET_DEFAULT_STD), tuple(classes))
 
     def loader(self, root, split, *, batch_size, train, subset=None, seed=0, rank=0, world=1,
-               img_size=None, workers=4):
+               img_size=None, workers=4, auto_augment=None):
         import torch
         from timm.data import create_transform
 
         info = self.info(root, img_size)
         transform = create_transform(info.img_size, is_training=train, mean=info.mean,
-                                     std=info.std)
+                                     std=info.std, auto_augment=auto_augment if train else None)
         ds = self.folder(root, split, transform)
         from linvit.data.base import subset_indices
 

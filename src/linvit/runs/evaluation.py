@@ -14,9 +14,11 @@ from linvit.errors import ConfigError
 from linvit.runs.runtime import Runtime
 
 
-def make_loaders(data_cfg, rt: Runtime):
+def make_loaders(data_cfg, rt: Runtime, auto_augment: str | None = None):
+    """The training and test loaders; `auto_augment`: a timm policy for the training images
+    (folder datasets: linvit.train.recipe)."""
     info = get_dataset(data_cfg.dataset).info(data_cfg.root, data_cfg.img_size)
-    train = _loader(data_cfg, rt, "train")
+    train = _loader(data_cfg, rt, "train", auto_augment)
     test = _loader(data_cfg, rt, "test")
     if len(train) == 0 or len(test) == 0:
         raise ConfigError(f"data: {data_cfg.dataset} gives {len(train)} training batches of "
@@ -34,13 +36,14 @@ def make_test_loader(data_cfg, rt: Runtime):
     return test
 
 
-def _loader(data_cfg, rt: Runtime, split: str):
+def _loader(data_cfg, rt: Runtime, split: str, auto_augment: str | None = None):
     train = split == "train"
+    policy = {"auto_augment": auto_augment} if auto_augment else {}
     return get_dataset(data_cfg.dataset).loader(
         data_cfg.root, split, train=train, seed=rt.seed, rank=rt.rank, world=rt.world,
         img_size=data_cfg.img_size, workers=data_cfg.workers,
         batch_size=data_cfg.batch_size if train else data_cfg.eval_batch_size,
-        subset=data_cfg.train_subset if train else data_cfg.test_subset)
+        subset=data_cfg.train_subset if train else data_cfg.test_subset, **policy)
 
 
 def check_model_fits(spec, info, dataset: str) -> None:

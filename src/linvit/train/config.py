@@ -18,6 +18,7 @@ from linvit.config import (
 )
 from linvit.errors import ConfigError
 from linvit.models import SIZES, ModelSpec
+from linvit.train.recipe import AugCfg, check_aug
 
 
 @dataclass
@@ -25,12 +26,14 @@ class PretrainConfig:
     model: ModelCfg = field(default_factory=ModelCfg)
     data: DataCfg = field(default_factory=DataCfg)
     optim: OptimCfg = field(default_factory=OptimCfg)
+    aug: AugCfg = field(default_factory=AugCfg)       # DeiT's recipe (linvit.train.recipe)
     run: RunCfg = field(default_factory=RunCfg)
 
     def validate(self, p: str) -> None:
         if self.model.size is None:
             raise ConfigError("model.size: required for pretraining")
         check_model(self.model, self.data)
+        check_aug(self.aug, self.data)
 
 
 @dataclass
@@ -75,7 +78,9 @@ class ProbeConfig:
     mode: Literal["linear", "finetune"] = "linear"    # train the head alone, or every tensor
     data: DataCfg = field(default_factory=DataCfg)
     optim: OptimCfg = field(default_factory=OptimCfg)
+    aug: AugCfg = field(default_factory=AugCfg)
     run: RunCfg = field(default_factory=RunCfg)
 
     def validate(self, p: str) -> None:
         required_file("teacher", self.teacher, "an imported teacher's model.safetensors")
+        check_aug(self.aug, self.data)

@@ -20,7 +20,9 @@ from linvit.trees import non_finite
 
 def train_one_epoch(module: nn.Module, loader, optimizer, scheduler, epoch: int, rt: Runtime, *,
                     params: list[nn.Parameter], clip_grad: float | None = None,
-                    on_backward=None) -> dict:
+                    on_backward=None, batch_aug=None) -> dict:
+    """`batch_aug`: (images, labels) -> (images, targets) on the device (linvit.train.recipe:
+    random erasing, Mixup/CutMix)."""
     module.train()
     sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=rt.device))
     count = torch.zeros((), device=rt.device)
@@ -30,6 +32,8 @@ def train_one_epoch(module: nn.Module, loader, optimizer, scheduler, epoch: int,
                                                      f"epoch {epoch + 1}")):
         images = images.to(rt.device, non_blocking=True)
         labels = labels.to(rt.device, non_blocking=True)
+        if batch_aug is not None:
+            images, labels = batch_aug(images, labels)
         with rt.autocast():
             loss, logs = module(images, labels)
         optimizer.zero_grad(set_to_none=True)

@@ -14,10 +14,11 @@ class ClassificationObjective(nn.Module):
         self.label_smoothing = label_smoothing
 
     def classify(self, images: torch.Tensor, labels: torch.Tensor):
-        """The model's logits and their label-smoothed cross-entropy."""
+        """The model's logits and their label-smoothed cross-entropy. Labels may be soft
+        targets (B, classes) from Mixup/CutMix, which has smoothed them already."""
         logits = self.model(images)
-        return logits, F.cross_entropy(logits.float(), labels,
-                                       label_smoothing=self.label_smoothing)
+        smoothing = 0.0 if labels.dim() == 2 else self.label_smoothing
+        return logits, F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor):
         _, ce = self.classify(images, labels)

@@ -10,11 +10,12 @@ import logging
 from linvit.data import get_dataset
 from linvit.errors import ConfigError
 from linvit.models import ModelSpec, create_vit, load_model, save_model
-from linvit.runs.evaluation import check_model_fits, evaluate, make_loaders, make_test_loader
+from linvit.runs.evaluation import check_model_fits, evaluate, make_test_loader
 from linvit.runs.stage import completed_metrics, prepare_run, start_run
 from linvit.train.common import finish_training
 from linvit.train.config import EvaluateConfig, ImportConfig, PretrainConfig
 from linvit.train.objectives import ClassificationObjective
+from linvit.train.recipe import training_loaders
 from linvit.train.trainer import fit
 
 log = logging.getLogger("linvit")
@@ -24,7 +25,7 @@ def run_pretrain(cfg: PretrainConfig, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "pretrain", replace)
     if run.finished:
         return completed_metrics(run)
-    info, train_loader, test_loader = make_loaders(cfg.data, rt)
+    info, train_loader, test_loader, batch_aug = training_loaders(cfg, rt)
     spec = ModelSpec(cfg.model.size, cfg.model.operator, info.num_classes, info.img_size,
                      info.in_chans, dict(cfg.model.operator_options), cfg.model.drop_path)
     model = create_vit(spec).to(rt.device)
@@ -32,7 +33,7 @@ def run_pretrain(cfg: PretrainConfig, out, replace: bool = False) -> dict:
     objective = ClassificationObjective(model, cfg.optim.label_smoothing)
     history = fit(objective, model, train_loader, cfg.optim, run, rt,
                   evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
-                  eval_every=cfg.run.eval_every)
+                  eval_every=cfg.run.eval_every, batch_aug=batch_aug)
     return finish_training(run, rt, model, history, {})
 
 
@@ -81,7 +82,7 @@ def run_probe(cfg, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "probe", replace)
     if run.finished:
         return completed_metrics(run)
-    info, train_loader, test_loader = make_loaders(cfg.data, rt)
+    info, train_loader, test_loader, batch_aug = training_loaders(cfg, rt)
     teacher = read_spec(cfg.teacher)
     spec = ModelSpec(teacher.size, teacher.operator, info.num_classes, info.img_size,
                      info.in_chans, dict(teacher.operator_options))
@@ -103,5 +104,5 @@ def run_probe(cfg, out, replace: bool = False) -> dict:
     history = fit(ClassificationObjective(model, cfg.optim.label_smoothing), model, train_loader,
                   cfg.optim, run, rt,
                   evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
-                  eval_every=cfg.run.eval_every)
+                  eval_every=cfg.run.eval_every, batch_aug=batch_aug)
     return finish_training(run, rt, model, history, {"mode": cfg.mode, "teacher": cfg.teacher})

@@ -25,7 +25,10 @@ log = logging.getLogger("linvit")
 def build_optimizer(model: nn.Module, cfg, updates_per_epoch: int):
     # timm skips frozen parameters and exempts biases, norms and model.no_weight_decay() from
     # weight decay.
-    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # optim.layer_decay: timm's layer-wise learning-rate decay (parameter groups by depth)
+    decay = {"layer_decay": cfg.layer_decay} if cfg.layer_decay is not None else {}
+    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                    **decay)
     scheduler, _ = create_scheduler_v2(optimizer, sched=cfg.sched, num_epochs=cfg.epochs,
                                        warmup_epochs=cfg.warmup_epochs, warmup_lr=cfg.warmup_lr,
                                        min_lr=cfg.min_lr, step_on_epochs=False,
@@ -35,7 +38,8 @@ def build_optimizer(model: nn.Module, cfg, updates_per_epoch: int):
 
 def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: RunDir,
         rt: Runtime, *, evaluate_fn: Callable[[], dict], eval_every: int = 1,
-        on_backward: Callable[[], None] | None = None, find_unused: bool = False) -> list[dict]:
+        on_backward: Callable[[], None] | None = None, find_unused: bool = False,
+        batch_aug: Callable | None = None) -> list[dict]:
     """Train `model` (inside `objective`) for optim_cfg.epochs; returns the per-epoch history,
     whose last record holds the final evaluation (test_* keys).
 
@@ -55,10 +59,10 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
             objective, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
             find_unused_parameters=find_unused)
     for epoch in range(start, optim_cfg.epochs):
-        torch.manual_seed(epoch_seed(rt.seed, epoch, rt.rank))
+        seed_epoch(epoch_seed(rt.seed, epoch, rt.rank))
         stats = train_one_epoch(module, train_loader, optimizer, scheduler, epoch, rt,
                                 params=params, clip_grad=optim_cfg.clip_grad,
-                                on_backward=on_backward)
+                                on_backward=on_backward, batch_aug=batch_aug)
         last = epoch + 1 == optim_cfg.epochs
         if last or (eval_every and (epoch + 1) % eval_every == 0):
             evaluation = evaluate_fn()
@@ -74,6 +78,18 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
             run.write_history(history)
         rt.barrier()
     return history
+
+
+def seed_epoch(seed: int) -> None:
+    """Every generator an epoch draws from: torch's, and numpy's and Python's, which timm's Mixup
+    and RandomErasing use; so an epoch is the same whether or not the run resumed before it."""
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
 
 
 def _brief(record: dict) -> str:

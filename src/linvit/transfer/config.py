@@ -22,6 +22,7 @@ from linvit.config import (
 )
 from linvit.errors import ConfigError
 from linvit.models import SIZES, ModelSpec
+from linvit.train.recipe import AugCfg, check_aug
 from linvit.transfer.groups import GROUPS
 from linvit.transfer.losses import LOSSES
 from linvit.transfer.strategies import STRATEGIES
@@ -103,10 +104,12 @@ class DistillConfig:
     optim: OptimCfg = field(default_factory=lambda: OptimCfg(epochs=1, warmup_epochs=0,
                                                              weight_decay=0.0))
     distill: DistillCfg = field(default_factory=DistillCfg)
+    aug: AugCfg = field(default_factory=AugCfg)       # DeiT's recipe (linvit.train.recipe)
     run: RunCfg = field(default_factory=RunCfg)
 
     def validate(self, p: str) -> None:
         required_file("teacher", self.teacher, "a softmax teacher's model.safetensors")
+        check_aug(self.aug, self.data)
         check_student(self)
         check_map_losses(self.model.operator, self.distill.losses)
         if self.model.size is not None:
@@ -126,11 +129,13 @@ class FinetuneConfig:
     data: DataCfg = field(default_factory=DataCfg)
     optim: OptimCfg = field(default_factory=OptimCfg)
     kd: KDCfg = field(default_factory=KDCfg)
+    aug: AugCfg = field(default_factory=AugCfg)       # DeiT's recipe (linvit.train.recipe)
     run: RunCfg = field(default_factory=RunCfg)
 
     def validate(self, p: str) -> None:
         required_file("teacher", self.teacher, "the softmax teacher's model.safetensors; "
                       "strategy 'random' uses it for the model shape")
+        check_aug(self.aug, self.data)
         existing_file("distilled", self.distilled)
         check_student(self)
         for mechanism in self.init.resolve().mechanisms:

@@ -24,6 +24,7 @@ from linvit.runs.evaluation import evaluate, make_loaders
 from linvit.runs.stage import completed_metrics, start_run
 from linvit.train.common import evaluate_init, finish_training
 from linvit.train.objectives import ClassificationObjective
+from linvit.train.recipe import training_loaders
 from linvit.train.trainer import fit
 from linvit.transfer.config import DistillConfig, FinetuneConfig
 from linvit.transfer.distill import (
@@ -85,7 +86,7 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "distill", replace)
     if run.finished:
         return completed_metrics(run)
-    info, train_loader, test_loader = make_loaders(cfg.data, rt)
+    info, train_loader, test_loader, batch_aug = training_loaders(cfg, rt)
     check_teacher(cfg.teacher)
     teacher = load_model(cfg.teacher)
     if cfg.distill.losses.get("logit_kd"):
@@ -117,7 +118,7 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
                               cfg.run.eval_every > 0 and not run.checkpoint.is_file())
     history = fit(objective, student, train_loader, cfg.optim, run, rt,
                   evaluate_fn=evaluate_student, eval_every=cfg.run.eval_every,
-                  on_backward=census, find_unused=True)
+                  on_backward=census, find_unused=True, batch_aug=batch_aug)
     if rt.is_main:
         write_json(run.path / "trained.json", census.report())
     return finish_training(run, rt, student, history,
@@ -184,7 +185,7 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "finetune", replace)
     if run.finished:
         return completed_metrics(run)
-    info, train_loader, test_loader = make_loaders(cfg.data, rt)
+    info, train_loader, test_loader, batch_aug = training_loaders(cfg, rt)
     model, record = build_student(cfg, info)
     teacher = load_model(cfg.teacher) if cfg.kd.weight else None
     if teacher is not None:
@@ -203,7 +204,7 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
                               cfg.run.eval_every > 0 and not run.checkpoint.is_file())
     history = fit(objective, model, train_loader, cfg.optim, run, rt,
                   evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
-                  eval_every=cfg.run.eval_every)
+                  eval_every=cfg.run.eval_every, batch_aug=batch_aug)
     return finish_training(run, rt, model, history,
                            {"strategy": record["strategy"], "init": init_eval,
                             "copied": record["summary"]}, model_metadata(record, head_trained=True))

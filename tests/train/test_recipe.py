@@ -1,0 +1,115 @@
+"""DeiT's recipe from timm's parts (linvit.train.recipe): each part changes the batches or the
+optimizer as timm documents, is off unless set, and is refused where it cannot apply."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from linvit.config import load_config
+from linvit.errors import ConfigError
+from linvit.models import ModelSpec, create_vit
+from linvit.train.config import PretrainConfig
+from linvit.train.recipe import AugCfg, batch_augment
+from linvit.train.trainer import build_optimizer
+
+from conftest import write_idx  # noqa: F401  (the suite's helpers; the mnist_root fixture)
+
+
+def batch(n=8, classes=10):
+    torch.manual_seed(0)
+    return torch.randn(n, 1, 28, 28), torch.arange(n) % classes
+
+
+def test_every_part_is_off_by_default():
+    assert batch_augment(AugCfg(), 0.1, 10, "cpu") is None
+    cfg = load_config(PretrainConfig, None, [])
+    assert cfg.aug == AugCfg() and cfg.optim.layer_decay is None
+
+
+def test_mixup_mixes_each_image_with_its_mirror_and_its_target_alike():
+    """timm's batch Mixup: x' = lam x + (1 - lam) x.flip(0), targets mixed with the same lam
+    and smoothed by the stage's label smoothing."""
+    images, labels = batch()
+    np.random.seed(0)
+    mixed, targets = batch_augment(AugCfg(mixup=0.8), 0.1, 10, "cpu")(images.clone(), labels)
+    lam = ((mixed - images.flip(0)) / (images - images.flip(0)))[0].median().item()
+    assert 0 < lam < 1
+    assert torch.allclose(mixed, lam * images + (1 - lam) * images.flip(0), atol=1e-5)
+    off, on = 0.1 / 10, 1 - 0.1 + 0.1 / 10
+    onehot = torch.full((8, 10), off).scatter_(1, labels[:, None], on)
+    assert torch.allclose(targets, lam * onehot + (1 - lam) * onehot.flip(0), atol=1e-5)
+
+
+def test_cutmix_pastes_a_box_and_random_erasing_erases_one():
+    images, labels = batch()
+    np.random.seed(0)                                          # a box of 36% of the image
+    cut, targets = batch_augment(AugCfg(cutmix=1.0), 0.0, 10, "cpu")(images.clone(), labels)
+    from_mirror = (cut == images.flip(0)) & (cut != images)
+    assert from_mirror.any() and (cut == images).any()          # a box from the mirror image
+    assert torch.allclose(targets.sum(1), torch.ones(8))
+    share = from_mirror[0].float().mean().item()                # lam: the share left as it was
+    assert targets[0, labels[0]].item() == pytest.approx(1 - share, abs=0.02)
+    import random
+    random.seed(0)
+    erased, same = batch_augment(AugCfg(reprob=1.0), 0.0, 10, "cpu")(images.clone(), labels)
+    assert torch.equal(same, labels)
+    changed = (erased != images).flatten(1).float().mean(1)
+    assert (changed > 0).all() and (changed < 1).all()          # a region of every image
+
+
+def test_soft_targets_are_smoothed_once():
+    from linvit.train.objectives import ClassificationObjective
+    model = torch.nn.Flatten()
+    objective = ClassificationObjective(lambda x: x, label_smoothing=0.1)
+    objective.model = lambda x: x                               # logits = inputs
+    logits = torch.randn(4, 10)
+    soft = torch.softmax(torch.randn(4, 10), -1)
+    _, ce = objective.classify(logits, soft)
+    expected = -(soft * torch.log_softmax(logits, -1)).sum(-1).mean()
+    assert torch.allclose(ce, expected)
+    del model
+
+
+def test_layer_decay_scales_the_learning_rate_by_depth():
+    cfg = load_config(PretrainConfig, None, ["optim.layer_decay=0.5"]).optim
+    model = create_vit(ModelSpec("cpu96", "softmax", 10, 28, 1))
+    optimizer, _ = build_optimizer(model, cfg, 10)
+    scales = sorted({g["lr_scale"] for g in optimizer.param_groups})
+    depth = len(model.blocks)
+    assert scales[0] == pytest.approx(0.5 ** (depth + 1)) and scales[-1] == 1.0
+    plain, _ = build_optimizer(model, load_config(PretrainConfig, None, []).optim, 10)
+    assert {g.get("lr_scale", 1.0) for g in plain.param_groups} == {1.0}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("aug.auto_augment=rand-m9-mstd0.5-inc1", "timm's policies work on PIL images"),
+    ("aug.auto_augment=random-crop", "not a timm policy string"),
+    ("aug.mixup=-1", "aug.mixup"),
+    ("aug.reprob=1.5", "aug.reprob"),
+    ("aug.remode=blur", "aug.remode"),
+    ("optim.layer_decay=1.5", "optim.layer_decay"),
+])
+def test_a_recipe_that_cannot_apply_is_refused_naming_the_field(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(PretrainConfig, None, [override])
+
+
+def test_an_odd_batch_cannot_be_mixed():
+    with pytest.raises(ConfigError, match="data.batch_size 63 is odd"):
+        load_config(PretrainConfig, None, ["aug.mixup=0.8", "data.batch_size=63"])
+
+
+def test_a_folder_dataset_s_training_transform_takes_the_policy(tmp_path):
+    from PIL import Image
+
+    from linvit.data import get_dataset
+    for split in ("train", "val"):
+        (tmp_path / split / "a").mkdir(parents=True)
+        Image.new("RGB", (40, 40)).save(tmp_path / split / "a" / "0.png")
+    ds = get_dataset("imagefolder")
+    train = ds.loader(str(tmp_path), "train", batch_size=1, train=True, img_size=32, workers=0,
+                      auto_augment="rand-m9-mstd0.5-inc1")
+    assert "RandAugment" in repr(train.loader.dataset.transform)
+    plain = ds.loader(str(tmp_path), "train", batch_size=1, train=True, img_size=32, workers=0)
+    assert "RandAugment" not in repr(plain.loader.dataset.transform)
