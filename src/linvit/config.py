@@ -144,6 +144,7 @@ class OptimCfg:
     label_smoothing: float = 0.1
     clip_grad: float | None = None
     layer_decay: float | None = None  # layer-wise lr decay (fine-tuning; timm's groups)
+    ema_decay: float | None = None    # a model EMA (timm's ModelEmaV3), evaluated and saved
 
     def validate(self, p: str) -> None:
         positive(f"{p}.lr", self.lr)
@@ -157,6 +158,8 @@ class OptimCfg:
             raise ConfigError(f"{p}.label_smoothing: must be in [0, 1)")
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
             raise ConfigError(f"{p}.layer_decay: must be in (0, 1], got {self.layer_decay}")
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
+            raise ConfigError(f"{p}.ema_decay: must be in (0, 1), got {self.ema_decay}")
         positive(f"{p}.clip_grad", self.clip_grad)
         if self.opt not in COMMON_OPTIMIZERS:
             from timm.optim import list_optimizers

@@ -13,6 +13,7 @@ class Stage(NamedTuple):
     config: str         # "module:Class", the stage's config dataclass
     outputs: tuple = ()  # what a finished run leaves in its folder (checksummed in metrics.json)
     scratch: tuple = ()  # what it may write there on the way (resume state, work folders)
+    optional: tuple = ()  # outputs written when the config asks for them (checksummed then)
 
 
 STAGES = {
@@ -20,7 +21,8 @@ STAGES = {
         "train a model from scratch (the softmax teacher, or any operator)",
         "linvit.train.stages:run_pretrain", "linvit.train.config:PretrainConfig",
         outputs=("model.safetensors", "train.jsonl"),
-        scratch=("checkpoint.safetensors",)
+        scratch=("checkpoint.safetensors",),
+        optional=("model_ema.safetensors",)
     ),
     "import-teacher": Stage(
         "turn timm ViT weights (local file or timm cache) into a linvit teacher",
@@ -31,7 +33,8 @@ STAGES = {
         "layer-wise attention distillation from a softmax teacher",
         "linvit.transfer.stages:run_distill", "linvit.transfer.config:DistillConfig",
         outputs=("model.safetensors", "train.jsonl", "student_init.json", "trained.json"),
-        scratch=("checkpoint.safetensors", "init_metrics.json")
+        scratch=("checkpoint.safetensors", "init_metrics.json"),
+        optional=("model_ema.safetensors",)
     ),
     "init": Stage(
         "build a student with an init strategy and write it with its copied.json",
@@ -43,14 +46,16 @@ STAGES = {
         "initialise a student with an init strategy, then fine-tune it",
         "linvit.transfer.stages:run_finetune", "linvit.transfer.config:FinetuneConfig",
         outputs=("model.safetensors", "train.jsonl", "copied.json"),
-        scratch=("checkpoint.safetensors", "init_metrics.json")
+        scratch=("checkpoint.safetensors", "init_metrics.json"),
+        optional=("model_ema.safetensors",)
     ),
     "probe": Stage(
         "train a head for an imported teacher without one (self-supervised): linear probe or "
         "fine-tune",
         "linvit.train.stages:run_probe", "linvit.train.config:ProbeConfig",
         outputs=("model.safetensors", "train.jsonl"),
-        scratch=("checkpoint.safetensors",)
+        scratch=("checkpoint.safetensors",),
+        optional=("model_ema.safetensors",)
     ),
     "select": Stage(
         "cut a smaller softmax teacher out of a larger one (weight selection: first blocks, "

@@ -195,7 +195,7 @@ def test_corrupt_then_robustness_scores_the_model_s_own_predictions(tmp_path, mn
 ])
 def test_a_damaged_corrupted_copy_is_refused_in_one_line_before_scoring(
         tmp_path, mnist_root, checkpoint, capsys, damage, message):
-    from linvit.models.tensor_files import load_tensors, save_tensors
+    from linvit.models.tensor_files import save_tensors
     tensors = {"clean": torch.zeros(4, 1, 28, 28, dtype=torch.uint8),
                "labels": torch.zeros(4, dtype=torch.long)}
     tensors.update({f"contrast/{s}": tensors["clean"].clone() for s in (1, 5)})

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from linvit.config import load_config
 from linvit.errors import RunDirError
-from linvit.io import read_jsonl
+from linvit.io import read_json, read_jsonl
 from linvit.models.spec import ModelSpec
 from linvit.train import trainer
 from linvit.train.config import PretrainConfig
@@ -37,7 +37,8 @@ def finetune_cfg(root, teacher, *extra):
 
 # DeiT's recipe's random parts (linvit.train.recipe): Mixup/CutMix draw from numpy, random
 # erasing from Python's random; layer decay changes the parameter groups the state restores.
-RECIPE = ("aug.mixup=0.8", "aug.cutmix=1.0", "aug.reprob=0.25", "optim.layer_decay=0.75")
+RECIPE = ("aug.mixup=0.8", "aug.cutmix=1.0", "aug.reprob=0.25", "optim.layer_decay=0.75",
+          "optim.ema_decay=0.9")
 
 
 @pytest.mark.parametrize("stage", ["pretrain", "finetune", "finetune+recipe"])
@@ -82,9 +83,17 @@ def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_pat
     assert resumed["train_images"] == full["train_images"] == 2 * 512
     assert full["train_flops_per_image"] == train_flops_per_image(
         ModelSpec.from_dict(full["spec"]))
-    a = load_file(tmp_path / "full" / "model.safetensors")
-    b = load_file(tmp_path / "cut" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("model.safetensors",) + (("model_ema.safetensors",) if "recipe" in stage
+                                          else ()):
+        a = load_file(tmp_path / "full" / name)
+        b = load_file(tmp_path / "cut" / name)
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    if "recipe" in stage:                       # the EMA: its own weights, scored and listed
+        assert resumed["ema_top1"] == full["ema_top1"]
+        assert "model_ema.safetensors" in read_json(tmp_path / "cut" / "metrics.json")["outputs"]
+        ema, model = (load_file(tmp_path / "full" / n) for n in ("model_ema.safetensors",
+                                                                 "model.safetensors"))
+        assert not all(torch.equal(ema[k], model[k]) for k in model)
     losses = [[r["train_loss"] for r in read_jsonl(p / "train.jsonl")]
               for p in (tmp_path / "full", tmp_path / "cut")]
     assert losses[0] == losses[1] and len(losses[0]) == 2

@@ -241,7 +241,7 @@ def test_a_teacher_file_its_import_job_would_refuse_is_refused_by_the_check(tmp_
     state = torch.load(deit["file"])
     next(iter(state["state_dict"].values())).fill_(float("nan"))
     torch.save(state, tmp_path / "nan.pth")
+    nan = {**deit, "file": str(tmp_path / "nan.pth")}
     with pytest.raises(ConfigError, match="teachers.deit.file: .*non-finite|NaN"):
-        check.check_config({**config, "teachers": {**config["teachers"],
-                                                   "deit": {**deit, "file": str(tmp_path / "nan.pth")}}},
+        check.check_config({**config, "teachers": {**config["teachers"], "deit": nan}},
                            str(ROOT / "Snakefile"))

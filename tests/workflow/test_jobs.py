@@ -47,8 +47,9 @@ print(json.dumps(rules))
 def test_every_job_rule_writes_where_its_kind_says(tmp_path):
     config = {**default_config(), "results": str(tmp_path / "res")}
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
-    run = subprocess.run([sys.executable, "-c", RULE_PATTERNS, str(ROOT), str(tmp_path / "grid.yaml"),
-                          str(tmp_path)], capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", RULE_PATTERNS, str(ROOT),
+                          str(tmp_path / "grid.yaml"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     rules = json.loads(run.stdout.strip().splitlines()[-1])
     assert set(RULE_OF) == set(KINDS)

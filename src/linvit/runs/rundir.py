@@ -99,7 +99,7 @@ def _path_leaves(tree, prefix: str = ""):
 
 def owned_names(stage: str) -> list[str]:
     outputs, others = STAGES[stage].outputs, STAGES[stage].scratch
-    return [*COMMON, *outputs, *others]
+    return [*COMMON, *outputs, *STAGES[stage].optional, *others]
 
 
 ALL_OWNED = {name for stage in STAGES for name in owned_names(stage)}
@@ -281,6 +281,9 @@ class RunDir:
             if not target.exists():
                 raise RunFailed(f"{target}: a declared output is missing")
             outputs[name] = sha256_file(target) if target.is_file() else None
+        for name in STAGES[self.stage].optional:          # asked for by this run's config
+            if (self.path / name).is_file():
+                outputs[name] = sha256_file(self.path / name)
         inputs = input_digests(value for _, value in _path_leaves(self.config))
         metrics = {**metrics, "stage": self.stage, "env": environment(), "outputs": outputs,
                    "inputs": inputs}

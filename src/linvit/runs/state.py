@@ -21,8 +21,12 @@ FORMAT = "linvit-train-state-2"       # 2: with a tensor checksum
 
 
 def save_state(path: str | Path, model: nn.Module, optimizer, scheduler, epoch: int,
-               history: list[dict], info: dict) -> None:
+               history: list[dict], info: dict, ema: nn.Module | None = None) -> None:
+    """`ema`: the model's exponential moving average (timm's ModelEmaV3), saved beside it."""
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if ema is not None:
+        tensors.update({f"ema.{k}": v.detach().cpu().contiguous()
+                        for k, v in ema.module.state_dict().items()})
     opt = optimizer.state_dict()
     scalars: dict = {}
     for pid, state in opt["state"].items():
@@ -60,14 +64,17 @@ def check_identity(path: str | Path, meta: dict[str, str], identity: dict) -> No
 
 
 def load_state(path: str | Path, model: nn.Module, optimizer, scheduler,
-               expect_info: dict) -> tuple[int, list[dict]]:
+               expect_info: dict, ema: nn.Module | None = None) -> tuple[int, list[dict]]:
     """Restore in place; returns (epochs done, history). Fails if the run's identity differs."""
     tensors, meta = read_state(path)
     check_identity(path, meta, expect_info)
     load_strict(model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, str(path))
+    if ema is not None:
+        load_strict(ema.module, {k[4:]: v for k, v in tensors.items() if k.startswith("ema.")},
+                    f"{path} (its EMA)")
     state: dict = {}
     for name, value in tensors.items():
-        if name.startswith("optim."):
+        if name.startswith("optim."):                     # (model.* and ema.* read above)
             _, pid, key = name.split(".", 2)
             state.setdefault(int(pid), {})[key] = value
     for pid, scalars in json.loads(meta["optim_scalars"]).items():

@@ -36,7 +36,9 @@ def evaluate_init(model: nn.Module, loader, rt: Runtime, run: RunDir, num_classe
 
 
 def finish_training(run: RunDir, rt: Runtime, model: nn.Module, history: list[dict],
-                    extra: dict, model_metadata: dict | None = None) -> dict:
+                    extra: dict, model_metadata: dict | None = None, ema=None) -> dict:
+    """metrics.json and the model file (and, with an EMA, model_ema.safetensors beside it: a
+    model file like the other, which a later stage may read instead)."""
     from linvit.models.flops import train_flops_per_image
 
     final = {k.removeprefix("test_"): v for k, v in history[-1].items() if k.startswith("test_")}
@@ -55,6 +57,8 @@ def finish_training(run: RunDir, rt: Runtime, model: nn.Module, history: list[di
     }
     if rt.is_main:
         save_model(model, run.model, model_metadata)
+        if ema is not None:
+            save_model(ema.module, run.path / "model_ema.safetensors", model_metadata)
         metrics = run.finish(metrics)
     rt.barrier()
     return metrics

@@ -100,3 +100,13 @@ def training_loaders(cfg, rt):
     info, train, test = make_loaders(cfg.data, rt, cfg.aug.auto_augment)
     return info, train, test, batch_augment(cfg.aug, cfg.optim.label_smoothing,
                                             info.num_classes, rt.device)
+
+
+def make_ema(model, optim_cfg):
+    """timm's ModelEmaV3 of `model` when optim.ema_decay asks for one (kept on the model's
+    device, updated after every optimizer step), else None."""
+    if optim_cfg.ema_decay is None:
+        return None
+    from timm.utils import ModelEmaV3
+
+    return ModelEmaV3(model, decay=optim_cfg.ema_decay)

@@ -15,7 +15,7 @@ from linvit.runs.stage import completed_metrics, prepare_run, start_run
 from linvit.train.common import finish_training
 from linvit.train.config import EvaluateConfig, ImportConfig, PretrainConfig
 from linvit.train.objectives import ClassificationObjective
-from linvit.train.recipe import training_loaders
+from linvit.train.recipe import make_ema, training_loaders
 from linvit.train.trainer import fit
 
 log = logging.getLogger("linvit")
@@ -31,10 +31,12 @@ def run_pretrain(cfg: PretrainConfig, out, replace: bool = False) -> dict:
     model = create_vit(spec).to(rt.device)
     run.open(train_loader.summary)
     objective = ClassificationObjective(model, cfg.optim.label_smoothing)
+    score = lambda m: evaluate(m, test_loader, rt, info.num_classes)     # noqa: E731
+    ema = make_ema(model, cfg.optim)
     history = fit(objective, model, train_loader, cfg.optim, run, rt,
-                  evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
-                  eval_every=cfg.run.eval_every, batch_aug=batch_aug)
-    return finish_training(run, rt, model, history, {})
+                  evaluate_fn=lambda: score(model), eval_every=cfg.run.eval_every,
+                  batch_aug=batch_aug, ema=ema, evaluate_ema=score)
+    return finish_training(run, rt, model, history, {}, ema=ema)
 
 
 def run_evaluate(cfg: EvaluateConfig, out, replace: bool = False) -> dict:
@@ -101,8 +103,11 @@ def run_probe(cfg, out, replace: bool = False) -> dict:
             p.requires_grad_(name.startswith("head."))
     model.to(rt.device)
     run.open(train_loader.summary)
+    score = lambda m: evaluate(m, test_loader, rt, info.num_classes)     # noqa: E731
+    ema = make_ema(model, cfg.optim)
     history = fit(ClassificationObjective(model, cfg.optim.label_smoothing), model, train_loader,
-                  cfg.optim, run, rt,
-                  evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
-                  eval_every=cfg.run.eval_every, batch_aug=batch_aug)
-    return finish_training(run, rt, model, history, {"mode": cfg.mode, "teacher": cfg.teacher})
+                  cfg.optim, run, rt, evaluate_fn=lambda: score(model),
+                  eval_every=cfg.run.eval_every, batch_aug=batch_aug, ema=ema,
+                  evaluate_ema=score)
+    return finish_training(run, rt, model, history, {"mode": cfg.mode, "teacher": cfg.teacher},
+                           ema=ema)

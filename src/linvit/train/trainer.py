@@ -39,9 +39,11 @@ def build_optimizer(model: nn.Module, cfg, updates_per_epoch: int):
 def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: RunDir,
         rt: Runtime, *, evaluate_fn: Callable[[], dict], eval_every: int = 1,
         on_backward: Callable[[], None] | None = None, find_unused: bool = False,
-        batch_aug: Callable | None = None) -> list[dict]:
+        batch_aug: Callable | None = None, ema=None,
+        evaluate_ema: Callable[[nn.Module], dict] | None = None) -> list[dict]:
     """Train `model` (inside `objective`) for optim_cfg.epochs; returns the per-epoch history,
-    whose last record holds the final evaluation (test_* keys).
+    whose last record holds the final evaluation (test_* keys; test_ema_* for the EMA `ema`,
+    timm's ModelEmaV3 of `model`, updated after every step and scored by `evaluate_ema`).
 
     The run's identity (its config without volatile fields) is stored in each checkpoint and must
     match on resume, so a checkpoint is never continued under another config.
@@ -51,7 +53,7 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
     identity = run.identity
     start, history = 0, []
     if run.checkpoint.is_file():
-        start, history = load_state(run.checkpoint, model, optimizer, scheduler, identity)
+        start, history = load_state(run.checkpoint, model, optimizer, scheduler, identity, ema)
         log.info("resuming %s after epoch %d of %d", run.path, start, optim_cfg.epochs)
     module = objective
     if rt.distributed:
@@ -62,19 +64,25 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
         seed_epoch(epoch_seed(rt.seed, epoch, rt.rank))
         stats = train_one_epoch(module, train_loader, optimizer, scheduler, epoch, rt,
                                 params=params, clip_grad=optim_cfg.clip_grad,
-                                on_backward=on_backward, batch_aug=batch_aug)
+                                on_backward=on_backward, batch_aug=batch_aug,
+                                after_step=(lambda n: ema.update(model, step=n)) if ema else None)
         last = epoch + 1 == optim_cfg.epochs
         if last or (eval_every and (epoch + 1) % eval_every == 0):
             evaluation = evaluate_fn()
             if bad := non_finite(evaluation):
                 raise RunFailed(f"non-finite evaluation after epoch {epoch + 1}: {bad}")
+            if ema is not None and evaluate_ema is not None:
+                scored = evaluate_ema(ema.module)
+                evaluation.update({f"ema_{k}": v for k, v in scored.items()
+                                   if k in ("top1", "top5", "loss")})
             if not last:                      # keep per-epoch lines short
                 evaluation.pop("per_class_acc", None)
             stats.update({f"test_{k}": v for k, v in evaluation.items()})
         history.append({"epoch": epoch + 1, **stats})
         log.info("epoch %d/%d %s", epoch + 1, optim_cfg.epochs, _brief(history[-1]))
         if rt.is_main:
-            save_state(run.checkpoint, model, optimizer, scheduler, epoch + 1, history, identity)
+            save_state(run.checkpoint, model, optimizer, scheduler, epoch + 1, history, identity,
+                       ema)
             run.write_history(history)
         rt.barrier()
     return history

@@ -24,7 +24,7 @@ from linvit.runs.evaluation import evaluate, make_loaders
 from linvit.runs.stage import completed_metrics, start_run
 from linvit.train.common import evaluate_init, finish_training
 from linvit.train.objectives import ClassificationObjective
-from linvit.train.recipe import training_loaders
+from linvit.train.recipe import make_ema, training_loaders
 from linvit.train.trainer import fit
 from linvit.transfer.config import DistillConfig, FinetuneConfig
 from linvit.transfer.distill import (
@@ -116,16 +116,19 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
 
     init_eval = evaluate_init(student, test_loader, rt, run, info.num_classes,
                               cfg.run.eval_every > 0 and not run.checkpoint.is_file())
+    ema = make_ema(student, cfg.optim)
     history = fit(objective, student, train_loader, cfg.optim, run, rt,
                   evaluate_fn=evaluate_student, eval_every=cfg.run.eval_every,
-                  on_backward=census, find_unused=True, batch_aug=batch_aug)
+                  on_backward=census, find_unused=True, batch_aug=batch_aug, ema=ema,
+                  evaluate_ema=lambda m: evaluate(m, test_loader, rt, info.num_classes))
     if rt.is_main:
         write_json(run.path / "trained.json", census.report())
     return finish_training(run, rt, student, history,
                            {"init": init_eval, "losses": cfg.distill.losses,
                             "trained_groups": cfg.distill.train,
                             "train_flops_per_image": objective.flops_per_image()},
-                           model_metadata(record, head_trained="head" in cfg.distill.train))
+                           model_metadata(record, head_trained="head" in cfg.distill.train),
+                           ema=ema)
 
 
 def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:
@@ -202,12 +205,15 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
                                      cfg.kd.temperature)
     init_eval = evaluate_init(model, test_loader, rt, run, info.num_classes,
                               cfg.run.eval_every > 0 and not run.checkpoint.is_file())
+    score = lambda m: evaluate(m, test_loader, rt, info.num_classes)     # noqa: E731
+    ema = make_ema(model, cfg.optim)
     history = fit(objective, model, train_loader, cfg.optim, run, rt,
-                  evaluate_fn=lambda: evaluate(model, test_loader, rt, info.num_classes),
-                  eval_every=cfg.run.eval_every, batch_aug=batch_aug)
+                  evaluate_fn=lambda: score(model), eval_every=cfg.run.eval_every,
+                  batch_aug=batch_aug, ema=ema, evaluate_ema=score)
     return finish_training(run, rt, model, history,
                            {"strategy": record["strategy"], "init": init_eval,
-                            "copied": record["summary"]}, model_metadata(record, head_trained=True))
+                            "copied": record["summary"]}, model_metadata(record, head_trained=True),
+                           ema=ema)
 
 
 def run_select(cfg, out, replace: bool = False) -> dict:

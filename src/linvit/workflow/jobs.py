@@ -21,6 +21,7 @@ RECORD = "record.json"
 MODEL = "model.safetensors"
 CELL = "cells/{dataset}/{teacher}/{size}/{operator}/{init}/{loss}/seed{seed}"
 MODELS = "{dataset}/{teacher}/{size}"
+DENSE = "dense/{task}/" + MODELS + "/{backbone}"
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ KINDS = {k.name: k for k in (
           run="run", record_kind="robustness"),
     _kind("scenes", "scenes", "scenes", benchmark=False, record_kind=None,
           output="MANIFEST.json"),
-    _kind("dense", f"dense/{{task}}/{MODELS}/{{backbone}}", f"dense/{{task}}/{MODELS}/{{backbone}}"),
+    _kind("dense", DENSE, DENSE),
     # every core of the machine it runs on, counted there (a cluster job reads this file again)
     _kind("bench", "bench", "bench", benchmark=False, run="run", threads=os.cpu_count() or 1),
 )}

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from linvit.workflow import dense_jobs as dj
 from linvit.workflow import grid as g
-from linvit.workflow.jobs import KINDS, Job
 from linvit.workflow.grid import Cell
+from linvit.workflow.jobs import KINDS, Job
 
 SOFTMAX = "softmax"
 
