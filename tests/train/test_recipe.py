@@ -113,3 +113,44 @@ def test_a_folder_dataset_s_training_transform_takes_the_policy(tmp_path):
     assert "RandAugment" in repr(train.loader.dataset.transform)
     plain = ds.loader(str(tmp_path), "train", batch_size=1, train=True, img_size=32, workers=0)
     assert "RandAugment" not in repr(plain.loader.dataset.transform)
+
+
+def test_repeated_augmentation_shows_each_image_several_times_an_epoch_of_the_same_length():
+    """DeiT's repeated augmentation: r differently augmented copies of an image per epoch, the
+    epoch as long as before; under two processes the global batches are the same."""
+    from linvit.data.loaders import TensorLoader
+
+    images = (torch.arange(24 * 9) % 255).to(torch.uint8).view(24, 1, 3, 3).repeat(1, 1, 3, 3)
+    labels = torch.arange(24)
+
+    def epoch(repeats, rank=0, world=1):
+        loader = TensorLoader(images, labels, 6, mean=(0.5,), std=(0.5,), shuffle=True,
+                              augment=True, seed=3, rank=rank, world=world, repeats=repeats)
+        return list(loader.batches(0))
+
+    plain, repeated = epoch(1), epoch(3)
+    assert len(plain) == len(repeated) == 4
+    seen = torch.cat([y for _, y in repeated])
+    assert len(seen) == 24 and len(set(seen.tolist())) == 8        # 8 images, 3 times each
+    assert all(seen[i] == seen[i + 1] == seen[i + 2] for i in range(0, 24, 3))
+    first = repeated[0][0][:3]
+    assert not (torch.equal(first[0], first[1]) and torch.equal(first[1], first[2]))
+    two = [epoch(3, rank, 2) for rank in (0, 1)]
+    for b, (x, y) in enumerate(repeated):
+        assert torch.equal(torch.cat([two[0][b][1], two[1][b][1]]), y)
+        assert torch.equal(torch.cat([two[0][b][0], two[1][b][0]]), x)
+
+
+def test_a_folder_dataset_repeats_through_timm_s_sampler(tmp_path):
+    from PIL import Image
+    from timm.data.distributed_sampler import RepeatAugSampler
+
+    from linvit.data import get_dataset
+    for split in ("train", "val"):
+        for c in "ab":
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(3):
+                Image.new("RGB", (40, 40)).save(tmp_path / split / c / f"{i}.png")
+    loader = get_dataset("imagefolder").loader(str(tmp_path), "train", batch_size=2, train=True,
+                                               img_size=32, workers=0, repeats=3)
+    assert isinstance(loader.sampler, RepeatAugSampler) and len(list(loader.sampler)) == 6

@@ -64,7 +64,7 @@ class InMemoryDataset:
         raise NotImplementedError
 
     def loader(self, root, split, *, batch_size, train, subset=None, seed=0, rank=0, world=1,
-               img_size=None, workers=0):
+               img_size=None, workers=0, repeats=1):
         images, labels = self.arrays(root, split)
         idx = subset_indices(len(labels), subset,
                              field=f"data.{'train' if train else 'test'}_subset")
@@ -73,4 +73,4 @@ class InMemoryDataset:
         info = self.info(root, img_size)
         return TensorLoader(images, labels, batch_size, mean=info.mean, std=info.std,
                             shuffle=train, augment=train, seed=seed, rank=rank, world=world,
-                            flip=self.flip)
+                            flip=self.flip, repeats=repeats if train else 1)

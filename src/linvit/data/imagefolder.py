@@ -57,7 +57,7 @@ class ImageFolderDataset:
                         tuple(IMAGENET_DEFAULT_STD), tuple(classes))
 
     def loader(self, root, split, *, batch_size, train, subset=None, seed=0, rank=0, world=1,
-               img_size=None, workers=4, auto_augment=None):
+               img_size=None, workers=4, auto_augment=None, repeats=1):
         import torch
         from timm.data import create_transform
 
@@ -71,7 +71,7 @@ class ImageFolderDataset:
         if idx is not None:
             ds = torch.utils.data.Subset(ds, idx.tolist())
         return TorchLoader(ds, batch_size, shuffle=train, seed=seed, rank=rank, world=world,
-                           workers=workers)
+                           workers=workers, repeats=repeats if train else 1)
 
     def folder(self, root, split, transform):
         """The split as a torchvision ImageFolder whose labels are the training classes' indices,

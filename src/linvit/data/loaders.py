@@ -30,7 +30,7 @@ class TensorLoader:
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
                  mean: tuple, std: tuple, shuffle: bool, augment: bool, seed: int = 0,
                  rank: int = 0, world: int = 1, drop_last: bool | None = None, pad: int = 2,
-                 flip: bool = True):
+                 flip: bool = True, repeats: int = 1):
         if images.dtype != torch.uint8 or images.ndim != 4:
             raise ValueError(f"expected uint8 images (N, C, H, W), got {images.dtype} "
                              f"{tuple(images.shape)}")
@@ -39,6 +39,7 @@ class TensorLoader:
         self.images, self.labels = images, labels
         self.batch_size, self.shuffle, self.augment = batch_size, shuffle, augment
         self.seed, self.rank, self.world, self.pad, self.flip = seed, rank, world, pad, flip
+        self.repeats = repeats
         self.drop_last = shuffle if drop_last is None else drop_last
         c = images.shape[1]
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1) * 255
@@ -56,6 +57,8 @@ class TensorLoader:
         g = epoch_generator(self.seed, epoch)
         n = len(self.labels)
         order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
+        if self.repeats > 1:     # repeated augmentation: each image r times, differently augmented
+            order = order.repeat_interleave(self.repeats)[:n]       # the epoch keeps its length
         for b in range(len(self)):
             idx = order[b * self.batch_size:(b + 1) * self.batch_size]
             # Augmentation parameters are drawn for the global batch, then sliced, so that every
@@ -88,11 +91,17 @@ class TorchLoader:
     """A torch Dataset (e.g. ImageFolder with timm transforms) behind the same contract."""
 
     def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int = 0,
-                 rank: int = 0, world: int = 1, workers: int = 4):
+                 rank: int = 0, world: int = 1, workers: int = 4, repeats: int = 1):
         if batch_size % world:
             raise ValueError(f"batch size {batch_size} is not divisible by {world} processes")
-        self.sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle,
-                                          seed=seed, drop_last=shuffle)
+        if repeats > 1 and shuffle:        # timm's repeated-augmentation sampler (DeiT)
+            from timm.data.distributed_sampler import RepeatAugSampler
+
+            self.sampler = RepeatAugSampler(dataset, num_replicas=world, rank=rank,
+                                            num_repeats=repeats, selected_round=0)
+        else:
+            self.sampler = DistributedSampler(dataset, num_replicas=world, rank=rank,
+                                              shuffle=shuffle, seed=seed, drop_last=shuffle)
         self.loader = DataLoader(dataset, batch_size=batch_size // world, sampler=self.sampler,
                                  num_workers=workers, drop_last=shuffle,
                                  persistent_workers=workers > 0,

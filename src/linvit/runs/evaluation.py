@@ -14,11 +14,11 @@ from linvit.errors import ConfigError
 from linvit.runs.runtime import Runtime
 
 
-def make_loaders(data_cfg, rt: Runtime, auto_augment: str | None = None):
+def make_loaders(data_cfg, rt: Runtime, auto_augment: str | None = None, repeats: int = 1):
     """The training and test loaders; `auto_augment`: a timm policy for the training images
-    (folder datasets: linvit.train.recipe)."""
+    (folder datasets), `repeats`: repeated augmentation (linvit.train.recipe)."""
     info = get_dataset(data_cfg.dataset).info(data_cfg.root, data_cfg.img_size)
-    train = _loader(data_cfg, rt, "train", auto_augment)
+    train = _loader(data_cfg, rt, "train", auto_augment, repeats)
     test = _loader(data_cfg, rt, "test")
     if len(train) == 0 or len(test) == 0:
         raise ConfigError(f"data: {data_cfg.dataset} gives {len(train)} training batches of "
@@ -36,9 +36,12 @@ def make_test_loader(data_cfg, rt: Runtime):
     return test
 
 
-def _loader(data_cfg, rt: Runtime, split: str, auto_augment: str | None = None):
+def _loader(data_cfg, rt: Runtime, split: str, auto_augment: str | None = None,
+            repeats: int = 1):
     train = split == "train"
     policy = {"auto_augment": auto_augment} if auto_augment else {}
+    if repeats > 1:
+        policy["repeats"] = repeats
     return get_dataset(data_cfg.dataset).loader(
         data_cfg.root, split, train=train, seed=rt.seed, rank=rt.rank, world=rt.world,
         img_size=data_cfg.img_size, workers=data_cfg.workers,

@@ -5,6 +5,9 @@ its short CPU recipe.
 - `auto_augment`: a timm policy string (DeiT: "rand-m9-mstd0.5-inc1"), applied by timm's
   `create_transform` to folder datasets (PIL images); tensor datasets refuse it.
 - `reprob`, `remode`, `recount`: timm's RandomErasing on the normalised batch (DeiT: 0.25, pixel).
+- `repeats`: repeated augmentation (DeiT: 3): each image several times in an epoch of the same
+  length, differently augmented; timm's RepeatAugSampler for folder datasets, the same draw on
+  the global batch for tensor datasets.
 - `mixup`, `cutmix`, `mix_prob`, `switch_prob`: timm's Mixup on the batch, which also applies the
   stage's label smoothing to the mixed targets (DeiT: 0.8, 1.0, 1.0, 0.5); the objectives then
   take soft targets (cross-entropy against a distribution, smoothed once).
@@ -31,6 +34,7 @@ class AugCfg:
     reprob: float = 0.0               # random erasing probability; 0: off
     remode: str = "pixel"
     recount: int = 1
+    repeats: int = 1                  # repeated augmentation (DeiT: 3); 1: off
 
     def validate(self, p: str) -> None:
         if self.auto_augment is not None and self.auto_augment.split("-")[0] not in POLICIES:
@@ -46,8 +50,10 @@ class AugCfg:
                                   f"{getattr(self, name)}")
         if self.remode not in ERASE_MODES:
             raise ConfigError(f"{p}.remode: one of {', '.join(ERASE_MODES)}, got {self.remode!r}")
-        if not isinstance(self.recount, int) or self.recount < 1:
-            raise ConfigError(f"{p}.recount: an integer >= 1, got {self.recount!r}")
+        for name in ("recount", "repeats"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{p}.{name}: an integer >= 1, got {value!r}")
 
     @property
     def mixes(self) -> bool:
@@ -97,7 +103,7 @@ def training_loaders(cfg, rt):
     section's policy in the training transform and its batch-level parts for the loop."""
     from linvit.runs.evaluation import make_loaders
 
-    info, train, test = make_loaders(cfg.data, rt, cfg.aug.auto_augment)
+    info, train, test = make_loaders(cfg.data, rt, cfg.aug.auto_augment, cfg.aug.repeats)
     return info, train, test, batch_augment(cfg.aug, cfg.optim.label_smoothing,
                                             info.num_classes, rt.device)
 
