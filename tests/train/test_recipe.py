@@ -154,3 +154,19 @@ def test_a_folder_dataset_repeats_through_timm_s_sampler(tmp_path):
     loader = get_dataset("imagefolder").loader(str(tmp_path), "train", batch_size=2, train=True,
                                                img_size=32, workers=0, repeats=3)
     assert isinstance(loader.sampler, RepeatAugSampler) and len(list(loader.sampler)) == 6
+
+
+def test_randaugment_at_full_magnitude_posterizes_to_black_instead_of_raising():
+    """DeiT's policy draws magnitude 10 now and then; timm then asks Pillow for 0 bits, which
+    Pillow 13 refuses inside a loader worker. linvit installs a posterize that keeps 0 bits."""
+    from PIL import Image
+    from timm.data.auto_augment import AugmentOp
+
+    from linvit.data.imagefolder import pillow_safe_posterize
+
+    pillow_safe_posterize()
+    image = Image.new("RGB", (8, 8), (200, 100, 50))
+    out = AugmentOp("PosterizeIncreasing", prob=1.0, magnitude=10)(image)
+    assert out.getextrema() == ((0, 0), (0, 0), (0, 0))
+    assert AugmentOp("PosterizeIncreasing", prob=1.0, magnitude=5)(image).getextrema() != \
+        out.getextrema()

@@ -62,6 +62,8 @@ class ImageFolderDataset:
         from timm.data import create_transform
 
         info = self.info(root, img_size)
+        if auto_augment and train:
+            pillow_safe_posterize()
         transform = create_transform(info.img_size, is_training=train, mean=info.mean,
                                      std=info.std, auto_augment=auto_augment if train else None)
         ds = self.folder(root, split, transform)
@@ -112,3 +114,23 @@ def open_image(path):
             return image.convert("RGB")
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise DataError(f"{path}: not a readable image ({type(e).__name__}: {e})") from None
+
+
+def pillow_safe_posterize() -> None:
+    """timm's RandAugment asks Pillow to posterize to 0 bits at full magnitude ("inc1" policies,
+    e.g. DeiT's rand-m9-mstd0.5-inc1, whenever the magnitude noise reaches 10), which Pillow 13
+    refuses with a ValueError in a loader worker. 0 bits keep nothing: the black image older
+    Pillow returned. Installed in timm's table of operations, idempotently."""
+    from PIL import ImageOps
+    from timm.data import auto_augment
+
+    def posterize(img, bits_to_keep, **__):
+        if bits_to_keep >= 8:
+            return img
+        if bits_to_keep <= 0:
+            return img.point([0] * 256 * len(img.getbands()))
+        return ImageOps.posterize(img, bits_to_keep)
+
+    for name in ("Posterize", "PosterizeIncreasing", "PosterizeOriginal"):
+        if name in auto_augment.NAME_TO_OP:
+            auto_augment.NAME_TO_OP[name] = posterize
