@@ -124,10 +124,11 @@ def _read_corrupted(cfg, spec) -> dict:
                           f"model takes {shape}")
     try:
         names, severities = json.loads(meta["names"]), json.loads(meta["severities"])
-        assert isinstance(names, list) and isinstance(severities, list) and names and severities
-    except (KeyError, ValueError, AssertionError):
+    except (KeyError, ValueError):
+        names = severities = None
+    if not (isinstance(names, list) and isinstance(severities, list) and names and severities):
         raise ConfigError(f"corrupted: {cfg.corrupted}'s metadata does not list its corruption "
-                          "names and severities; make it again with `linvit corrupt`") from None
+                          "names and severities; make it again with `linvit corrupt`")
     wanted = ["labels", *(f"{n}/{s}" for n in names for s in severities)]
     missing = [k for k in wanted if k not in tensors]
     wrong = [k for k in wanted[1:] if k not in missing

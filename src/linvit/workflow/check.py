@@ -145,7 +145,7 @@ def _check_teacher_files(config: dict) -> None:
     for name, spec in teacher_specs(config).items():
         if spec["source"] != "timm" or spec.get("file") is None:
             continue
-        headless = bool(spec.get("headless"))
+        headless, imported = bool(spec.get("headless")), set()
         for data in config["datasets"].values():
             try:
                 info = get_dataset(data["dataset"]).info(data.get("root"), data.get("img_size"))
@@ -153,6 +153,10 @@ def _check_teacher_files(config: dict) -> None:
                 continue                    # data on the hosts the jobs run on: they check it
             model = ModelSpec(spec["size"], "softmax", 0 if headless else info.num_classes,
                               info.img_size, info.in_chans)
+            shape = (model.num_classes, model.img_size, model.in_chans)
+            if shape in imported:           # the same import for another dataset of one shape
+                continue
+            imported.add(shape)
             try:
                 import_timm_weights(model, spec["file"], not headless,
                                     spec.get("layout", "timm"), spec.get("timm_name"))
