@@ -165,10 +165,29 @@ def files(tmp_path_factory, mnist_root) -> dict:
     cifar.mkdir(parents=True)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         (cifar / name).write_bytes(pickle.dumps({b"data": Evil()}))
+    _image_folder_with_a_bad_image(d / "images")
     return {"dir": d, "mnist": mnist_root}
 
 
+def _image_folder_with_a_bad_image(root: Path) -> None:
+    """train/ and val/ of 2 classes; val/b/2.png is text, val/b/3.png a PNG cut short."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (20, 20), (60 * i, 0, 0)).save(root / split / c / f"{i}.png")
+    (root / "val" / "b" / "2.png").write_text("not a png")
+    cut = root / "val" / "b" / "3.png"
+    cut.write_bytes(cut.read_bytes()[:40])
+
+
 CASES = {
+    "image that does not decode": (["pretrain", "data.dataset=imagefolder",
+                                    "data.root={dir}/images", "data.img_size=16",
+                                    "data.batch_size=2", "data.workers=0"],
+                                   "val/b/2.png: not a readable image"),
     "layers out of range": (["distill", "teacher={dir}/teacher.safetensors", "data.root={mnist}",
                              "distill.layers=[0,99]"], "distill.layers: [99] outside 0..5"),
     "logit KD, other classes": (["finetune", "teacher={dir}/teacher5.safetensors",

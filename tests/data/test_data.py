@@ -363,6 +363,23 @@ def test_an_imagefolder_split_is_labelled_by_the_training_classes_names(tmp_path
         ds.folder(str(tmp_path), "test", None)
 
 
+def test_unreadable_images_are_found_before_a_run_reads_them(tmp_path):
+    from PIL import Image
+
+    from linvit.data.imagefolder import check_images
+
+    paths = [tmp_path / f"{i}.png" for i in range(3)]
+    for p in paths:
+        Image.new("RGB", (9, 9)).save(p)
+    check_images(paths)
+    paths[1].write_bytes(paths[1].read_bytes()[:-20])        # the header reads, its chunks do not
+    with pytest.raises(DataError, match=rf"^{paths[1]}: not a readable image \(.*\)$"):
+        check_images(paths)
+    paths[2].write_text("text")
+    with pytest.raises(DataError, match=r"\(2 of the 3 images are unreadable\)$"):
+        check_images(paths)
+
+
 def test_an_image_that_does_not_decode_is_a_data_error_naming_it(tmp_path, monkeypatch):
     fake_imagefolder(tmp_path, monkeypatch)
     bad = tmp_path / "val" / "class1" / "0.png"

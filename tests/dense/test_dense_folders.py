@@ -171,21 +171,25 @@ def test_a_folder_not_in_the_standard_layout_is_refused_before_any_compute(
     ("segment", "ade20k", "images/training", "file", "must be a folder"),
     ("segment", "ade20k", "annotations/training", "empty", "holds no image"),
     ("detect", "coco", "val2017", "empty", "holds no image"),
-    ("detect", "coco", "annotations/instances_train2017.json", "folder", "must be a file")])
+    ("detect", "coco", "annotations/instances_train2017.json", "folder", "must be a file"),
+    ("segment", "ade20k", "annotations/validation", "bad image", "bad.png: not a readable image"),
+    ("detect", "coco", "val2017", "bad image", "bad.jpg: not a readable image")])
 def test_a_layout_with_a_file_for_a_folder_or_no_images_is_refused_before_any_write(
         task, kind, path, damage, message, ade20k, coco, backbone_ckpt, tmp_path, monkeypatch):
     import shutil
 
     from linvit.dense import stages
-    from linvit.errors import ConfigError
+    from linvit.errors import ConfigError, DataError
 
     monkeypatch.setattr(stages, "train_and_validate", lambda *a: pytest.fail("computed"))
     root = shutil.copytree(ade20k if kind == "ade20k" else coco, tmp_path / kind)
     target = root / path
-    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    if damage != "bad image":
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
     {"file": target.write_text, "folder": lambda _: target.mkdir(),
-     "empty": lambda _: target.mkdir()}[damage]("x")
+     "empty": lambda _: target.mkdir(),
+     "bad image": lambda text: (target / message.split(":")[0]).write_text(text)}[damage]("x")
     cfg = dense_cfg(task, root, backbone_ckpt, tmp_path, f"data.kind={kind}")
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises((ConfigError, DataError), match=message):
         stages.run_dense(task, cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()

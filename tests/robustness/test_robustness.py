@@ -13,7 +13,7 @@ from PIL import Image
 from linvit import cli
 from linvit.data import get_dataset
 from linvit.data.loaders import TorchLoader
-from linvit.errors import DatasetNotFound
+from linvit.errors import DataError, DatasetNotFound
 from linvit.io import read_json
 from linvit.models import save_model
 from linvit.robustness import corruptions as C
@@ -307,3 +307,7 @@ def test_a_partial_shift_set_s_counts_and_title_say_how_much_was_scored(tmp_path
     assert counts == {"images": 6, "classes": 3, "of": 200}
     assert _shift_title("imagenet_a", counts) == "ImageNet-A (partial: 3/200 classes)"
     assert _shift_title("imagenet_a", {**counts, "classes": 200}) == "ImageNet-A"
+    bad = next(tmp_path.rglob("*.png"))
+    bad.write_text("not an image")
+    with pytest.raises(DataError, match=f"{bad}: not a readable image"):   # before the loader
+        _shift_loader("imagenet_a", tmp_path, tiny_spec, info, cfg, rt)

@@ -70,8 +70,11 @@ class ImageFolderDataset:
         from linvit.data.base import subset_indices
 
         idx = subset_indices(len(ds), subset, field=f"data.{'train' if train else 'test'}_subset")
+        paths = [path for path, _ in ds.samples]
         if idx is not None:
             ds = torch.utils.data.Subset(ds, idx.tolist())
+            paths = [paths[i] for i in idx.tolist()]
+        check_images(paths)
         return TorchLoader(ds, batch_size, shuffle=train, seed=seed, rank=rank, world=world,
                            workers=workers, repeats=repeats if train else 1)
 
@@ -114,6 +117,31 @@ def open_image(path):
             return image.convert("RGB")
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise DataError(f"{path}: not a readable image ({type(e).__name__}: {e})") from None
+
+
+def check_images(paths, threads: int = 16) -> None:
+    """Every image a run will read opens as an image, checked before the run writes anything: a
+    file that is not an image, or whose header or (PNG) chunks are damaged, is a DataError naming
+    it and how many of the files are bad. Headers only, read by threads (the work is file reads):
+    a file whose header reads but whose pixel data is cut short still fails in the run, with the
+    same one-line error from `open_image`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from PIL import Image, UnidentifiedImageError
+
+    def problem(path) -> str | None:
+        try:
+            with Image.open(path) as image:
+                image.verify()
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+            return f"{path}: not a readable image ({type(e).__name__}: {e})"
+        return None
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        bad = [p for p in pool.map(problem, paths, chunksize=256) if p]
+    if bad:
+        more = f" ({len(bad)} of the {len(paths)} images are unreadable)" if len(bad) > 1 else ""
+        raise DataError(bad[0] + more)
 
 
 def pillow_safe_posterize() -> None:

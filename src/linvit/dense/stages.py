@@ -67,6 +67,8 @@ def run_dense(name: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
 
 
 def check_folder(data) -> None:
+    """The folder has the task's layout, and every image in it opens (before the run writes)."""
+    from linvit.data.imagefolder import check_images
     from linvit.dense.configs import required_paths
 
     root = Path(data.root)
@@ -83,15 +85,19 @@ def check_folder(data) -> None:
             raise ConfigError(f"data.root: {where} must be a file ({data.kind} layout)")
         if kind == "images" and not where.is_dir():
             raise ConfigError(f"data.root: {where} must be a folder ({data.kind} layout)")
-        if kind == "images" and not _holds_an_image(where):
-            raise ConfigError(f"data.root: {where} holds no image ({data.kind} layout)")
+        if kind == "images":
+            images = _image_files(where)
+            if not images:
+                raise ConfigError(f"data.root: {where} holds no image ({data.kind} layout)")
+            check_images(images)
 
 
-def _holds_an_image(folder: Path) -> bool:
-    """Whether `folder` (or a folder in it) holds an image file; stops at the first one."""
+def _image_files(folder: Path) -> list[Path]:
+    """The image files in `folder` and the folders in it."""
     from linvit.data.imagefolder import IMAGE_SUFFIXES
 
-    return any(p.suffix.lower() in IMAGE_SUFFIXES and p.is_file() for p in folder.rglob("*"))
+    return [p for p in sorted(folder.rglob("*")) if p.suffix.lower() in IMAGE_SUFFIXES
+            and p.is_file()]
 
 
 def check_adapter(adapter, size) -> None:

@@ -173,9 +173,12 @@ def _shift_loader(name, root, spec, info, cfg, rt) -> tuple[TorchLoader, dict]:
     classes of the set."""
     from timm.data import create_transform
 
+    from linvit.data.imagefolder import check_images
+
     transform = create_transform(spec.img_size, mean=info.mean, std=info.std)
     samples = SHIFTS[name].samples(root, partial=cfg.partial_shifts)
     have, of = SHIFTS[name].coverage(samples)
+    check_images([path for path, _ in samples])
     loader = TorchLoader(ShiftDataset(samples, transform), cfg.data.eval_batch_size,
                          shuffle=False, rank=rt.rank, world=rt.world, workers=cfg.data.workers)
     return loader, {"images": len(samples), "classes": have, "of": of}
