@@ -150,6 +150,8 @@ def test_time_to_target_takes_the_first_evaluation_at_the_target():
     assert rows["copy_mlp"]["FLOPs vs random"] == f"{2.0 / 3.5:.2f}"
     assert rows["copy_attn"]["reached"] == "0/2 seeds"
     assert rows["copy_attn"]["images"] == "not reached within the budget"
+    assert rows["random"]["last gain"] == "+3.00 (epochs 2-3, 3-4)"     # mean of +2 and +4
+    assert rows["copy_attn"]["last gain"] == "+18.00 (epochs 1-2)"
 
 
 def test_flops_count_the_products_of_the_vit():

@@ -7,7 +7,9 @@ seeds where every seed got there, and says "not reached within the budget" other
 column answers the paper's practical question: the strategy's FLOPs as a share of what `random`
 needed, or an upper bound on it where random did not get there on every seed (a seed that never
 got there counts with its whole training, less than it would need). Failed or missing seeds
-count in "reached" as seeds that did not get there.
+count in "reached" as seeds that did not get there. "Last gain" says whether the curves had
+levelled off: the mean over seeds of the top-1 gained between the last two evaluations, and the
+epochs between them.
 """
 from __future__ import annotations
 
@@ -26,8 +28,11 @@ METHOD = (
     f"target is {TARGET:.0%} of the teacher's test top-1; a strategy's cost is that of its first "
     "evaluation at or above it, averaged over seeds where every seed reached it. \"FLOPs vs "
     "random\" is the strategy's cost as a share of what random init needed (an upper bound "
-    "where random did not get there within its training).\n")
-COLUMNS = ["target", "reached", "images", "FLOPs", "seconds", "best top-1", "FLOPs vs random"]
+    "where random did not get there within its training). \"Last gain\" is the top-1 the "
+    "curves gained between their last two evaluations (mean over seeds): near 0, more training "
+    "of this kind would change little.\n")
+COLUMNS = ["target", "reached", "images", "FLOPs", "seconds", "best top-1", "FLOPs vs random",
+           "last gain"]
 
 
 def teacher_top1(results: pd.DataFrame) -> dict[tuple, float]:
@@ -54,11 +59,23 @@ def strategy_cost(runs: pd.DataFrame, target: float, jobs: int) -> dict:
            "reached": sum(h is not None for h in hits),
            "best": sum(run["test_top1"].max() for _, run in seeds) / max(len(seeds), 1),
            "floor": sum((h if h is not None else r)["flops"]
-                        for h, r in zip(hits, last)) / max(len(seeds), 1)}
+                        for h, r in zip(hits, last)) / max(len(seeds), 1),
+           "last_gain": last_gain([run for _, run in seeds])}
     if out["reached"] == out["n"]:
         for unit in ("images", "flops", "compute_s"):
             out[unit] = sum(h[unit] for h in hits) / len(hits)
     return out
+
+
+def last_gain(runs: list[pd.DataFrame]) -> str:
+    """The mean over runs of the top-1 gained between each run's last two evaluations, with the
+    epochs between them ("" where a run has fewer than 2)."""
+    tails = [run.sort_values("epoch").tail(2) for run in runs]
+    if not tails or any(len(t) < 2 for t in tails):
+        return ""
+    gain = sum(t["test_top1"].iloc[1] - t["test_top1"].iloc[0] for t in tails) / len(tails)
+    spans = sorted({(int(t["epoch"].iloc[0]), int(t["epoch"].iloc[1])) for t in tails})
+    return f"{gain:+.2f} (epochs {', '.join(f'{a}-{b}' for a, b in spans)})"
 
 
 def time_to_target(results: pd.DataFrame, curves: pd.DataFrame, orders: dict,
@@ -91,7 +108,7 @@ def _row(cost: dict, base: dict | None, target: float, is_base: bool) -> list:
     if not reached:
         why = ("not reached within the budget" if cost["ran"] == cost["n"] else
                f"{cost['n'] - cost['ran']} of {cost['n']} seeds failed or missing")
-        return head + [why, "", "", f"{cost['best']:.2f}", ""]
+        return head + [why, "", "", f"{cost['best']:.2f}", "", cost["last_gain"]]
     share = ""
     if not is_base and base is not None:
         if base["reached"] == base["n"] and base["flops"] == 0:
@@ -101,4 +118,4 @@ def _row(cost: dict, base: dict | None, target: float, is_base: bool) -> list:
         elif base["floor"]:
             share = f"< {cost['flops'] / base['floor']:.2f} (random: not reached)"
     return head + [f"{cost['images']:.0f}", f"{cost['flops']:.3g}", f"{cost['compute_s']:.1f}",
-                   f"{cost['best']:.2f}", share]
+                   f"{cost['best']:.2f}", share, cost["last_gain"]]
