@@ -151,6 +151,35 @@ def test_a_folder_dataset_repeats_through_timm_s_sampler(tmp_path):
     assert isinstance(loader.sampler, RepeatAugSampler) and len(list(loader.sampler)) == 6
 
 
+def test_two_processes_draw_one_process_s_samples_under_repeated_augmentation(tmp_path):
+    """DeiT's sampler under 2 ranks: together they draw the images one process draws in an
+    epoch, each image 3 times; another seed, another order (timm seeds by epoch alone)."""
+    from collections import Counter
+
+    from PIL import Image
+
+    from linvit.data import get_dataset
+    for split in ("train", "val"):
+        for c in "abc":
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (8, 8)).save(tmp_path / split / c / f"{i}.png")
+
+    def drawn(seed, epoch, rank=0, world=1):
+        loader = get_dataset("imagefolder").loader(
+            str(tmp_path), "train", batch_size=4, train=True, img_size=8, workers=0, repeats=3,
+            seed=seed, rank=rank, world=world)
+        loader.sampler.set_epoch(loader.epoch_offset + epoch)
+        return list(loader.sampler)
+
+    for epoch in (0, 1):
+        one = drawn(0, epoch)
+        two = drawn(0, epoch, 0, 2) + drawn(0, epoch, 1, 2)
+        assert len(one) == 12 and Counter(one) == Counter(two)
+        assert set(Counter(one).values()) <= {3}, Counter(one)        # whole groups of 3
+    assert drawn(0, 0) != drawn(1, 0) and drawn(0, 0) != drawn(0, 1)
+
+
 def test_randaugment_at_full_magnitude_posterizes_to_black_instead_of_raising():
     """DeiT's policy draws magnitude 10 now and then; timm then asks Pillow for 0 bits, which
     Pillow 13 refuses inside a loader worker. linvit installs a posterize that keeps 0 bits."""

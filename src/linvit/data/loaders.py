@@ -99,6 +99,9 @@ class TorchLoader:
 
             self.sampler = RepeatAugSampler(dataset, num_replicas=world, rank=rank,
                                             num_repeats=repeats, selected_round=0)
+            # timm's sampler seeds its shuffle with the epoch alone: offset it by the run's
+            # seed, so that seeds differ in data order here as they do without repeats
+            self.epoch_offset = seed * 1_000_003
         else:
             self.sampler = DistributedSampler(dataset, num_replicas=world, rank=rank,
                                               shuffle=shuffle, seed=seed, drop_last=shuffle)
@@ -107,6 +110,8 @@ class TorchLoader:
                                  persistent_workers=workers > 0,
                                  pin_memory=torch.cuda.is_available())
         self.batch_size = batch_size
+
+    epoch_offset = 0
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -119,5 +124,5 @@ class TorchLoader:
         return len(self.sampler) * self.sampler.num_replicas
 
     def batches(self, epoch: int):
-        self.sampler.set_epoch(epoch)
+        self.sampler.set_epoch(self.epoch_offset + epoch)
         yield from self.loader
