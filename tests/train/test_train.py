@@ -127,3 +127,77 @@ def test_two_process_ddp_matches_one_process(mnist_root, tmp_path):
     assert abs(ddp["loss"] - single["loss"]) < 1e-3
     a, b = (load_file(outs[n] / "model.safetensors") for n in ("single", "ddp"))
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-3
+
+
+# Loaded by every process of the run below (PYTHONPATH): rank 0 kills torchrun and every worker
+# (SIGKILL, itself last) as it starts its second epoch, after its first epoch's checkpoint.
+KILL_AT_EPOCH_2 = '''
+import os, signal
+if os.environ.get("RANK") == "0":
+    import psutil
+    from linvit.train import trainer
+    real, calls = trainer.train_one_epoch, []
+    def train_one_epoch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            launcher = psutil.Process(os.getppid())
+            for proc in [launcher, *launcher.children(recursive=True)]:
+                if proc.pid != os.getpid():
+                    proc.send_signal(signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+    trainer.train_one_epoch = train_one_epoch
+'''
+
+
+@pytest.mark.slow
+def test_two_process_run_with_deit_s_recipe_resumes_exactly_after_kill_9(tmp_path):
+    """The paper's fine-tuning path on an ImageNet-layout folder: torchrun with 2 processes,
+    RandAugment, Mixup/CutMix, random erasing, repeated augmentation, layer decay and an EMA,
+    killed (SIGKILL, every process) in its second epoch, then run again: the same model and EMA
+    as a run never interrupted."""
+    import signal
+
+    from PIL import Image
+    for split in ("train", "val"):
+        for c in range(3):
+            (tmp_path / "images" / split / f"c{c}").mkdir(parents=True)
+            for i in range(8):
+                Image.new("RGB", (36, 36), (80 * c, 30 * i, 7 * i)).save(
+                    tmp_path / "images" / split / f"c{c}" / f"{i}.png")
+    data = [f"data.root={tmp_path / 'images'}", "data.dataset=imagefolder", "data.img_size=32",
+            "data.workers=0", "data.batch_size=8", "data.eval_batch_size=8",
+            "run.progress=false", "run.threads=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cli = [sys.executable, "-m", "linvit.cli"]
+    teacher = tmp_path / "teacher"
+    subprocess.run([*cli, "pretrain", "-o", str(teacher), *data, "optim.epochs=1",
+                    "optim.warmup_epochs=0"], env=env, check=True, capture_output=True)
+    finetune = ["--nproc", "2", "finetune", *data, f"teacher={teacher}/model.safetensors",
+                "init.strategy=copy_mlp", "model.operator=linear", "optim.epochs=2",
+                "optim.warmup_epochs=0", "aug.auto_augment=rand-m9-mstd0.5-inc1", *RECIPE,
+                "aug.repeats=3"]
+
+    def run(out, extra_env=None):
+        return subprocess.run([*cli, *finetune, "-o", str(out)], env={**env, **(extra_env or {})},
+                              capture_output=True, text=True, timeout=600,
+                              start_new_session=True)
+
+    full = run(tmp_path / "full")
+    assert full.returncode == 0, full.stderr[-3000:]
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(KILL_AT_EPOCH_2)
+    killed = run(tmp_path / "cut", {"PYTHONPATH": str(tmp_path / "hook")})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert (tmp_path / "cut" / "checkpoint.safetensors").is_file()
+    assert not (tmp_path / "cut" / "metrics.json").exists()
+    resumed = run(tmp_path / "cut")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resum" in resumed.stderr.lower(), resumed.stderr[-3000:]
+    for name in ("model.safetensors", "model_ema.safetensors"):
+        a, b = (load_file(tmp_path / run_dir / name) for run_dir in ("full", "cut"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    metrics = [read_json(tmp_path / run_dir / "metrics.json") for run_dir in ("full", "cut")]
+    assert metrics[0]["env"]["processes"] == metrics[1]["env"]["processes"] == 2
+    assert metrics[0]["top1"] == metrics[1]["top1"]
+    assert metrics[0]["ema_top1"] == metrics[1]["ema_top1"]
