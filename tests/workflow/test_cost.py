@@ -73,3 +73,19 @@ def test_a_split_it_cannot_count_is_named_and_a_bad_grid_is_refused(tmp_path, ca
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
     assert cli.main(["plan", "--configfile", str(tmp_path / "grid.yaml")]) == 2
     assert "operators: ['lineer'] not in" in capsys.readouterr().err
+
+
+def test_the_workflow_s_plan_line_gives_the_total_and_is_kept_per_config(tmp_path, monkeypatch):
+    config = default_config()
+    costs = costs_of(config)
+    args = ("my grid.yaml", str(ROOT / "Snakefile"), tmp_path)
+    line = cost.plan_line(config, *args)
+    hours = sum(c.flops for c in costs) / 100e12 / 3600
+    assert line.startswith(f"linvit plan: {len(costs)} costed jobs, ")
+    assert f"{hours:.4g} device-hours at 100 effective TFLOP/s" in line
+    assert "`linvit plan --configfile 'my grid.yaml'`" in line
+    monkeypatch.setattr(cost, "grid_costs", lambda *a: pytest.fail("recomputed"))
+    assert cost.plan_line(config, *args) == line                         # from the memo
+    config["plan"] = {"tflops": 25.0}
+    with pytest.raises(pytest.fail.Exception, match="recomputed"):           # another config
+        cost.plan_line(config, *args)

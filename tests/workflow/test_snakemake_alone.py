@@ -52,6 +52,9 @@ def test_paper_dag_has_the_full_grid(tmp_path):
     assert re.search(rf"^robustness_cell\s+{cells}$", run.stdout, re.M)
     assert re.search(rf"^attention_maps\s+{maps_jobs}$", run.stdout, re.M)
     assert re.search(rf"^finetune\s+{cells}$", run.stdout, re.M)
+    # the dry run says what the grid costs (linvit plan's total)
+    assert re.search(r"^linvit plan: \d+ costed jobs, .* device-hours at 200 effective TFLOP/s",
+                     run.stderr, re.M), run.stderr[-3000:]
 
 
 @pytest.mark.parametrize("override, message", [

@@ -14,7 +14,7 @@ from snakemake_interface_executor_plugins.settings import ExecMode
 
 SRC = Path(workflow.basedir) / "src"
 
-from linvit.workflow import cluster, dense_jobs, deps, plan  # noqa: E402   (check: the Snakefile)
+from linvit.workflow import cluster, cost, dense_jobs, deps, plan  # noqa: E402   (check: Snakefile)
 from linvit.workflow.jobs import KINDS  # noqa: E402
 
 # A profile's site settings ($LINVIT_SLURM_PARTITION, ...) must be set before any job is planned
@@ -27,11 +27,19 @@ cluster.check_site_settings(cluster.resource_expressions(workflow.resource_setti
 MEMO = Path.cwd() / ".snakemake" / "linvit"
 deps.memoise_in(MEMO)
 
-# The Snakemake that plans the run checks every job's config. The ones a cluster job starts to run
+def _config_name():
+    """The grid's config file as given (--configfile), else the shipped one."""
+    files = workflow.overwrite_configfiles
+    return str(files[-1]) if files else "config/config.yaml"
+
+
+# The Snakemake that plans the run checks every job's config, and says what the grid costs. The ones a cluster job starts to run
 # one job (--mode remote in the batch script, subprocess under srun) read the same config: checking
 # it again would import the whole training stack twice per job, for nothing.
 if workflow.exec_mode == ExecMode.DEFAULT:
-    check.check_config(config, str(Path(workflow.basedir) / "Snakefile"), MEMO)
+    SNAKEFILE = str(Path(workflow.basedir) / "Snakefile")
+    check.check_config(config, SNAKEFILE, MEMO)
+    print(cost.plan_line(config, _config_name(), SNAKEFILE, MEMO), file=sys.stderr)
 
 RESULTS = config["results"]
 PLAN = plan.plan(config)          # the grid, expanded once

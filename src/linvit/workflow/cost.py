@@ -15,6 +15,7 @@ unknown without their folders).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -206,6 +207,33 @@ def tables(costs: list[Cost], tflops: float) -> str:
             lines.append(f"| {v} | {hours(flops):.4g} | {100 * flops / total:.1f}% |")
         out.append("\n".join(lines))
     return "\n\n".join(out)
+
+
+def summary(costs: list[Cost], tflops: float) -> str:
+    """One line: the costed jobs, their FLOPs and device-hours at `tflops` per device."""
+    total = sum(c.flops for c in costs)
+    return (f"{len(costs)} costed jobs, {total / 1e15:.4g} PFLOP: "
+            f"{total / (tflops * 1e12) / 3600:.4g} device-hours at {tflops:g} effective TFLOP/s "
+            "per device")
+
+
+def plan_line(config: dict, config_name: str, stand_in: str, memo_dir=None) -> str:
+    """The line a workflow start prints (the dry run included): what the grid costs, from
+    `linvit plan`'s counts (`stand_in`: an existing file for the ones the grid will make), kept
+    per config and code version in `memo_dir` (linvit.workflow.memo), so that a start with an
+    unchanged grid does not import torch."""
+    from linvit.workflow import memo
+
+    tflops = (config.get("plan") or {}).get("tflops") or DEFAULT_TFLOPS
+    key = memo.key_of({"config": config, "tflops": tflops, "environment": memo.environment()})
+    found = memo.load(memo_dir, "plan_line", key) or {}
+    line = found.get("line")
+    if not isinstance(line, str):
+        line = summary(grid_costs(config, stand_in), tflops)
+        memo.store(memo_dir, "plan_line", key, {"line": line})
+    return (f"linvit plan: {line}; not costed: dense tasks, the operator benchmark, shift sets "
+            f"(`linvit plan --configfile {shlex.quote(config_name)}` for the table per stage and "
+            "axis)")
 
 
 def main(argv: list[str] | None = None) -> int:
