@@ -103,7 +103,8 @@ STAGES = {
         "time and peak memory of every operator against tokens, and of whole models against "
         "resolution; prints the ratio table",
         "linvit.bench.stage:run_bench", "linvit.bench.config:BenchConfig",
-        outputs=("ops.csv", "ratios.md", "ops_scaling.png", "ops_scaling.pdf"),
+        outputs=("ops.csv", "ratios.md", "ops_scaling.png", "ops_scaling.pdf", "ops_share.png",
+                 "ops_share.pdf"),
         scratch=("models.csv", "models_throughput.png", "models_throughput.pdf")
     ),
 }

@@ -121,7 +121,7 @@ def test_tiny_grid_runs_end_to_end_and_then_has_nothing_to_do(project):
     results = project / "results"
     report = (results / "report.md").read_text()
     assert "## Main table" in report and "## The paper's claims on this grid" in report
-    assert "## Operator benchmark" in report and "linear/torch vs softmax at N=64" in report
+    assert "## Operator benchmark" in report and "linear/torch share of its FLOP bound" in report
     assert "## Robustness" in report and "ImageNet-C-style" in report
     robust = pd.read_csv(results / "tables" / "robustness.csv")
     assert len(robust) == 1 + 2 * 2 + 1 + 1            # teacher, main cells, reference, loss grid

@@ -33,6 +33,10 @@ SHARED_SUBMODULES = ("qkv", "q_norm", "k_norm", "norm", "proj")
 ODD_KERNEL = (lambda k: k > 0 and k % 2 == 1, "a positive odd integer")
 # What an operator's `attention_map` is. Map-level losses (cross-entropy against the teacher's
 # softmax rows) are defined only for "stochastic" maps; the others are refused before compute.
+# The operator families linear ViTs are built from (the README's table groups them so; `linvit
+# bench` sets its goals per family).
+FAMILIES = ("softmax", "feature map", "gated", "state space", "delta rule", "test-time training")
+
 MAP_KINDS = {
     "stochastic": "exact, every row non-negative and summing to 1",
     "signed": "exact (global_mix == map @ V) but signed or not row-normalised",
@@ -60,6 +64,8 @@ def _float32_under_autocast(method, cast_back: bool):
 class AttentionOperator(nn.Module):
     # The operator's registry key: linvit.attention.OPERATORS is keyed by these names.
     name: ClassVar[str] = ""
+    # One of FAMILIES.
+    family: ClassVar[str] = ""
     # Hyper-parameters a config may override (model.operator_options), with their defaults. Each
     # becomes a class attribute (self.kernel_size): declared here only, see __init_subclass__.
     options: ClassVar[dict] = {}
@@ -89,6 +95,8 @@ class AttentionOperator(nn.Module):
                             "class attributes; declare the default once, in `options`")
         for key, default in own.items():
             setattr(cls, key, default)
+        if cls.name and cls.family not in FAMILIES:
+            raise TypeError(f"{cls.__name__}: family {cls.family!r} not one of {FAMILIES}")
         if cls.map_kind not in MAP_KINDS:
             raise TypeError(f"{cls.__name__}: map_kind {cls.map_kind!r} not one of "
                             f"{tuple(MAP_KINDS)}")

@@ -47,6 +47,7 @@ from linvit.ops.delta_rule import CHUNK, delta_rule, delta_rule_map
 
 class DeltaNetAttention(AttentionOperator):
     name = "deltanet"
+    family = "delta rule"
     map_kind = "signed"
     options = {"beta_init": 0.25}
     option_rules = {"beta_init": (lambda b: 0.0 < b < 1.0, "in (0, 1)")}

@@ -39,6 +39,7 @@ GATE_BIAS = 4.0            # attention-like at init: a ~ 1 - 1.1e-3 per token
 
 class GatedLinearAttention(AttentionOperator):
     name = "gla"
+    family = "gated"
     map_kind = "signed"
     options = {"gate_rank": 16}          # ViG's gate_low_rank_dim
     init_notes = {

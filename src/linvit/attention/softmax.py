@@ -14,6 +14,7 @@ from linvit.ops.linear_attention import softmax_attention_map
 
 class SoftmaxAttention(AttentionOperator):
     name = "softmax"
+    family = "softmax"
     supports_attn_drop = True
     float32_core = False           # SDPA's fused kernels run in autocast's dtype
     # Attention transfer's copy mode (linvit.models.attention_copy): a (B, H, N, N) map from

@@ -43,6 +43,7 @@ from linvit.ops.ttt import ttt_dwconv, ttt_swiglu, ttt_swiglu_map
 
 class TTTAttention(AttentionOperator):
     name = "ttt"
+    family = "test-time training"
     map_kind = "effective"
     options = {"inner_scale": 1 / 3}
     init_notes = {

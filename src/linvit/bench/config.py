@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from linvit.attention import OPERATORS
+from linvit.attention.base import FAMILIES
 from linvit.config import RunCfg, one_of, positive
 from linvit.errors import ConfigError
 from linvit.models import SIZES
@@ -42,13 +43,14 @@ class BenchConfig:
     batch: int = 1
     heads: int = 6
     head_dim: int = 64
-    min_run_time: float = 1.0          # seconds of timed calls per point
+    min_run_time: float = 1.0          # seconds of timed calls per point and repeat
+    repeats: int = 3                   # interleaved passes over every point; ratios are medians
     tf32: bool = False                 # CUDA: let float32 matmuls (torch's and Triton's) use TF32
-    goal_tokens: int = 4096            # the goals: speedup over softmax at this N, ...
-    goal_speedup: float = 8.0
-    # ... for these operators, a share of the speedup their FLOPs allow (feature maps that cost
-    # more than the core itself make a plain speedup goal say little), ...
-    goal_flop_share: dict[str, float] = field(default_factory=lambda: {"hedgehog": 0.6})
+    goal_tokens: int = 4096            # the goals: at this N, each core's share of the speedup
+    # its FLOPs allow over softmax (FLOP-ratio bound), by operator name, else family, else
+    # "default", ...
+    goal_share: dict[str, float] = field(
+        default_factory=lambda: {"default": 0.6, "feature map": 0.75})
     goal_slope: float = 1.1            # ... memory log-log slope over `tokens`, ...
     goal_kernel_speedup: float = 2.0   # ... and (GPU) Triton over the PyTorch reference
     models: BenchModelsCfg | None = field(default_factory=BenchModelsCfg)  # null: skip
@@ -62,13 +64,19 @@ class BenchConfig:
         for i, n in enumerate(self.tokens):
             if n <= 0 or int(n ** 0.5) ** 2 != n:
                 raise ConfigError(f"tokens[{i}]: {n} is not a positive square (a patch grid)")
-        for name, share in self.goal_flop_share.items():
-            one_of("goal_flop_share", name, OPERATORS)
-            positive(f"goal_flop_share.{name}", share)
-            if OPERATORS[name].core_flops(self.goal_tokens, self.head_dim) is None:
-                raise ConfigError(f"goal_flop_share.{name}: the operator counts no FLOPs "
-                                  "(core_flops), so it has no FLOP-ratio bound")
+        for name, share in self.goal_share.items():
+            if name != "default" and name not in FAMILIES:
+                one_of("goal_share", name, OPERATORS)
+            positive(f"goal_share.{name}", share)
+        if "default" not in self.goal_share:
+            raise ConfigError("goal_share: needs a `default` (the goal of operators and families "
+                              "it does not name)")
         for name in ("softmax_max_tokens", "reference_max_tokens", "batch", "heads", "head_dim",
-                     "min_run_time", "goal_tokens", "goal_speedup", "goal_slope",
+                     "min_run_time", "repeats", "goal_tokens", "goal_slope",
                      "goal_kernel_speedup"):
             positive(name, getattr(self, name))
+
+    def share_goal(self, operator: str) -> float:
+        """The share of its FLOP bound `operator`'s core must reach at goal_tokens."""
+        goals = self.goal_share
+        return goals.get(operator, goals.get(OPERATORS[operator].family, goals["default"]))

@@ -1,4 +1,5 @@
-"""Benchmark plots: time and memory against tokens, model throughput against resolution."""
+"""Benchmark plots: time and memory against tokens, each core's speedup beside its FLOP bound
+and share of it, model throughput against resolution."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,6 +35,36 @@ def operator_scaling(ops: pd.DataFrame, stem: Path) -> None:
     ax_t.legend(fontsize=7)
     fig.suptitle(f"token mixing, B={ops.batch.iloc[0]} H={ops.heads.iloc[0]} "
                  f"d={ops.head_dim.iloc[0]} ({ops.device.iloc[0]})", fontsize=9)
+    save(fig, stem)
+
+
+def share_of_bound(ops: pd.DataFrame, cfg, stem: Path) -> None:
+    """At goal_tokens, per operator: the core's speedup over softmax (median over passes, bars
+    from the lowest to the highest pass) beside its FLOP-ratio bound, and the share of the bound
+    it reaches against its goal."""
+    from linvit.bench.ratios import core_shares, flop_bound
+
+    names = [o for o in dict.fromkeys(ops.operator) if o != "softmax"]
+    head_dim = int(ops.head_dim.iloc[0])
+    fig, (ax_s, ax_f) = new_figure(2, width=max(4.0, 0.6 * len(names) + 1.5))
+    for i, op in enumerate(names):
+        shares = core_shares(ops, op, cfg.goal_tokens)
+        bound = flop_bound(op, cfg.goal_tokens, head_dim)
+        if not len(shares):
+            continue
+        for ax, values in ((ax_s, shares * bound), (ax_f, shares)):
+            mid = values.median()
+            ax.bar(i, mid, color="tab:blue", alpha=0.7,
+                   yerr=[[mid - values.min()], [values.max() - mid]], capsize=3)
+        ax_s.plot(i, bound, "k_", ms=14, mew=2, label="FLOP bound" if i == 0 else None)
+        ax_f.plot(i, cfg.share_goal(op), "r_", ms=14, mew=2, label="goal" if i == 0 else None)
+    for ax, label in ((ax_s, f"speedup over softmax at N={cfg.goal_tokens}"),
+                      (ax_f, "share of the FLOP bound")):
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    ax_s.set_yscale("log")
     save(fig, stem)
 
 

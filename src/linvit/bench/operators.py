@@ -68,16 +68,17 @@ def make_step(op, batch: int, tokens: int, head_dim: int, device: torch.device, 
 
 
 def bench_operator(name: str, backend_name: str, part: str, tokens: int, cfg,
-                   device: torch.device) -> dict:
+                   device: torch.device, memory: bool = True) -> dict:
+    """One point: the median time of forward+backward and (with `memory`) its peak memory."""
     op = make_operator(name, cfg.heads, cfg.head_dim, tokens, device)
     step = make_step(op, cfg.batch, tokens, cfg.head_dim, device, part)
     with backend("auto" if backend_name == "sdpa" else backend_name):
         seconds = median_seconds(step, cfg.min_run_time)
-        peak = peak_bytes(step, device)
+        peak = peak_bytes(step, device) if memory else None
     return {"operator": name, "backend": backend_name, "part": part, "tokens": tokens,
             "batch": cfg.batch,
             "heads": cfg.heads, "head_dim": cfg.head_dim, "device": device.type,
-            "ms": seconds * 1e3, "peak_mib": peak / 2**20}
+            "ms": seconds * 1e3, "peak_mib": None if peak is None else peak / 2**20}
 
 
 def skip(name: str, backend_name: str, part: str, tokens: int, cfg) -> bool:
@@ -91,12 +92,19 @@ def skip(name: str, backend_name: str, part: str, tokens: int, cfg) -> bool:
 
 
 def sweep_operators(cfg, device: torch.device) -> list[dict]:
-    rows = []
+    """Every point `cfg.repeats` times, one pass over all points after another (interleaved: a
+    slow spell of the machine lands on every operator of a pass, not on one operator's repeats).
+    Peak memory is exact (measure.py), so the first pass measures it and the others reuse it."""
+    rows, peaks = [], {}
     jobs = [(n, b, p, t) for n in cfg.operators for b in backends_for(n, device)
             for p in parts_of(n) for t in cfg.tokens if not skip(n, b, p, t, cfg)]
-    for i, (name, backend_name, part, tokens) in enumerate(jobs, 1):
-        row = bench_operator(name, backend_name, part, tokens, cfg, device)
-        log.info("[%d/%d] %-8s %-9s %-4s N=%-6d %9.2f ms %9.1f MiB", i, len(jobs), name,
-                 backend_name, part, tokens, row["ms"], row["peak_mib"])
-        rows.append(row)
+    total = len(jobs) * cfg.repeats
+    for repeat in range(cfg.repeats):
+        for i, job in enumerate(jobs, repeat * len(jobs) + 1):
+            row = bench_operator(*job, cfg, device, memory=job not in peaks)
+            peaks.setdefault(job, row["peak_mib"])
+            row.update(repeat=repeat, peak_mib=peaks[job])
+            log.info("[%d/%d] %-8s %-9s %-4s N=%-6d %9.2f ms %9.1f MiB", i, total, *job,
+                     row["ms"], row["peak_mib"])
+            rows.append(row)
     return rows

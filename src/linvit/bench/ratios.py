@@ -17,13 +17,33 @@ FAST_BACKEND = {"cpu": "torch", "cuda": "triton"}
 KEYS = ["operator", "backend", "part"]
 
 
-def speedups(ops: pd.DataFrame) -> pd.DataFrame:
-    """softmax time / row time at equal tokens, one column per token count."""
-    soft = ops[ops.operator == "softmax"].set_index("tokens")["ms"]
+def _passes(ops: pd.DataFrame) -> pd.DataFrame:
+    """The measurements with their pass number (`repeat`; a file without one is one pass)."""
+    return ops if "repeat" in ops.columns else ops.assign(repeat=0)
+
+
+def speedup_samples(ops: pd.DataFrame) -> pd.DataFrame:
+    """Every non-softmax row with its speedup: softmax's time at the same tokens in the same pass
+    over its own (NaN where that pass has no softmax row)."""
+    ops = _passes(ops)
+    soft = ops[ops.operator == "softmax"].set_index(["tokens", "repeat"])["ms"]
     rest = ops[ops.operator != "softmax"].copy()
-    rest["speedup"] = rest["tokens"].map(soft) / rest["ms"]
-    table = rest.pivot_table(index=KEYS, columns="tokens", values="speedup", sort=False)
+    rest["speedup"] = [soft.get((n, r), np.nan) / ms
+                       for n, r, ms in zip(rest.tokens, rest.repeat, rest.ms)]
+    return rest
+
+
+def speedups(ops: pd.DataFrame) -> pd.DataFrame:
+    """The median over passes of each row's speedup, one column per token count."""
+    table = speedup_samples(ops).pivot_table(index=KEYS, columns="tokens", values="speedup",
+                                             aggfunc="median", sort=False)
     return table.dropna(axis=1, how="all")
+
+
+def medians(ops: pd.DataFrame) -> pd.DataFrame:
+    """One row per point: the median time over passes and the (exact) peak memory."""
+    return _passes(ops).groupby(KEYS + ["tokens"], sort=False, as_index=False).agg(
+        ms=("ms", "median"), peak_mib=("peak_mib", "max"))
 
 
 def loglog_slope(x, y) -> float:
@@ -35,7 +55,7 @@ def loglog_slope(x, y) -> float:
 def slopes(ops: pd.DataFrame) -> pd.DataFrame:
     """Log-log slopes of time and peak memory against tokens, per row kind."""
     rows = []
-    for key, g in ops.groupby(KEYS, sort=False):
+    for key, g in medians(ops).groupby(KEYS, sort=False):
         g = g.sort_values("tokens")
         rows.append({**dict(zip(KEYS, key)), "from": int(g.tokens.min()), "to": int(g.tokens.max()),
                      "time_slope": loglog_slope(g.tokens, g.ms),
@@ -51,39 +71,51 @@ def flop_bound(operator: str, tokens: int, head_dim: int) -> float:
     return OPERATORS["softmax"].core_flops(tokens, head_dim) / own if own else float("nan")
 
 
-def flop_table(ops: pd.DataFrame, tokens: int) -> pd.DataFrame:
-    """Per operator at `tokens`: FLOP-ratio bound, measured speedup of the core on the fast
-    backend, and the share of the bound it reaches."""
+def core_shares(ops: pd.DataFrame, operator: str, tokens: int) -> pd.Series:
+    """The operator's fast core at `tokens`: its speedup in each pass over its FLOP bound."""
     fast = FAST_BACKEND[ops.device.iloc[0]]
-    sp = speedups(ops)
+    rows = speedup_samples(ops)
+    rows = rows[(rows.operator == operator) & (rows.backend == fast) & (rows.part == "core")
+                & (rows.tokens == tokens)]
+    return rows["speedup"].dropna() / flop_bound(operator, tokens, int(ops.head_dim.iloc[0]))
+
+
+def flop_table(ops: pd.DataFrame, cfg) -> pd.DataFrame:
+    """Per operator at goal_tokens: FLOP-ratio bound, the core's speedup on the fast backend
+    (median over passes), the share of the bound it reaches (median, and its range over the
+    passes) and the share it should reach."""
     rows = []
     for op in [o for o in ops.operator.unique() if o != "softmax"]:
-        key = (op, fast, "core")
-        measured = sp.loc[key, tokens] if key in sp.index and tokens in sp.columns else np.nan
-        bound = flop_bound(op, tokens, int(ops.head_dim.iloc[0]))
-        rows.append({"operator": op, "FLOP bound": bound, "measured": measured,
-                     "share": measured / bound})
+        bound = flop_bound(op, cfg.goal_tokens, int(ops.head_dim.iloc[0]))
+        shares = core_shares(ops, op, cfg.goal_tokens)
+        rows.append({"operator": op, "FLOP bound": bound,
+                     "speedup": shares.median() * bound if len(shares) else np.nan,
+                     "share": shares.median() if len(shares) else np.nan,
+                     "share range": _range(shares), "goal": cfg.share_goal(op)})
     return pd.DataFrame(rows).set_index("operator")
 
 
+def _range(values: pd.Series) -> str:
+    return f"{values.min():.2f}-{values.max():.2f} ({len(values)})" if len(values) else ""
+
+
 def goals(ops: pd.DataFrame, cfg) -> list[dict]:
-    """The targets for each linear operator's core on the device's fast backend."""
+    """The targets for each linear operator's core on the device's fast backend: its share of
+    the FLOP bound at goal_tokens (median over passes), its memory slope, and on a GPU the
+    Triton kernel against the PyTorch reference."""
     fast = FAST_BACKEND[ops.device.iloc[0]]
-    sp, sl, out = speedups(ops), slopes(ops), []
+    sl, out = slopes(ops), []
     for op in [o for o in ops.operator.unique() if o != "softmax"]:
         key = (op, fast, "core")
         if key not in sl.index:
             continue
-        if cfg.goal_tokens in sp.columns:
-            value = sp.loc[key, cfg.goal_tokens]
-            out.append(_goal(f"{op}/{fast} vs softmax at N={cfg.goal_tokens}", value,
-                             f">= {cfg.goal_speedup:g}x", value >= cfg.goal_speedup, "x"))
-            if op in cfg.goal_flop_share:
-                bound = flop_bound(op, cfg.goal_tokens, int(ops.head_dim.iloc[0]))
-                share = cfg.goal_flop_share[op]
-                out.append(_goal(f"{op}/{fast} share of its FLOP bound ({bound:.1f}x) at "
-                                 f"N={cfg.goal_tokens}", value / bound, f">= {share:g}",
-                                 value / bound >= share, ""))
+        shares = core_shares(ops, op, cfg.goal_tokens)
+        if len(shares):
+            bound, goal = (flop_bound(op, cfg.goal_tokens, int(ops.head_dim.iloc[0])),
+                           cfg.share_goal(op))
+            out.append(_goal(f"{op}/{fast} share of its FLOP bound ({bound:.1f}x) at "
+                             f"N={cfg.goal_tokens}", shares.median(), f">= {goal:g}",
+                             shares.median() >= goal, "", shares))
         row = sl.loc[key]
         out.append(_goal(f"{op}/{fast} memory slope, N={int(row['from'])}..{int(row['to'])}",
                          row.memory_slope, f"<= {cfg.goal_slope:g}",
@@ -95,8 +127,9 @@ def goals(ops: pd.DataFrame, cfg) -> list[dict]:
 
 def _kernel_goals(ops: pd.DataFrame, op: str, cfg) -> list[dict]:
     """On a GPU: the Triton kernel against the PyTorch reference, at N >= goal_tokens."""
-    core = ops[(ops.operator == op) & (ops.part == "core") & (ops.tokens >= cfg.goal_tokens)]
-    t = core.pivot_table(index="tokens", columns="backend", values="ms")
+    core = _passes(ops)
+    core = core[(core.operator == op) & (core.part == "core") & (core.tokens >= cfg.goal_tokens)]
+    t = core.pivot_table(index="tokens", columns="backend", values="ms", aggfunc="median")
     if not {"triton", "reference"} <= set(t.columns):
         return []
     ratio = t["reference"] / t["triton"]
@@ -105,8 +138,13 @@ def _kernel_goals(ops: pd.DataFrame, op: str, cfg) -> list[dict]:
             for n in t.index if not np.isnan(ratio[n])]
 
 
-def _goal(name: str, value: float, target: str, holds: bool, unit: str) -> dict:
-    return {"goal": name, "measured": f"{value:.2f}{unit}", "target": target,
+def _goal(name: str, value: float, target: str, holds: bool, unit: str,
+          passes: pd.Series | None = None) -> dict:
+    """A goal's row; `passes`: the values of each pass, whose median `value` is (their range is
+    shown beside it when there are several)."""
+    spread = (f" (range {passes.min():.2f}-{passes.max():.2f} over {len(passes)} passes)"
+              if passes is not None and len(passes) > 1 else "")
+    return {"goal": name, "measured": f"{value:.2f}{unit}{spread}", "target": target,
             "holds": "yes" if bool(holds) else "NO"}
 
 
@@ -116,16 +154,19 @@ def markdown(ops: pd.DataFrame, models: pd.DataFrame | None, measured: list[dict
     sp = speedups(ops).map(lambda v: "" if np.isnan(v) else f"{v:.1f}x")
     sp.columns = [f"N={c}" for c in sp.columns]
     r = ops.iloc[0]
+    passes = _passes(ops).repeat.nunique()
     parts = [f"## Speedup over softmax (SDPA), forward+backward, B={r.batch} H={r.heads} "
-             f"d={r.head_dim}, measured in one run", "",
+             f"d={r.head_dim}, measured in one run: the median of {passes} interleaved "
+             "passes", "",
              "core: feature maps + global mixing (what SDPA does); mix: + the local conv.", "",
              to_markdown(sp),
              f"## FLOP-ratio bound and measured speedup at N={cfg.goal_tokens} (attention core, "
              "fast backend)", "",
              "FLOP bound: softmax's forward FLOPs over the operator's (see each operator's "
-             "core_flops); share: measured / bound, how efficiently the operator's FLOPs run "
-             "compared with SDPA's.", "",
-             to_markdown(flop_table(ops, cfg.goal_tokens).round(2)),
+             "core_flops); share: speedup / bound, how efficiently the operator's FLOPs run "
+             "compared with SDPA's (median over the passes; range: lowest-highest, and how "
+             "many passes); goal: the share it should reach.", "",
+             to_markdown(flop_table(ops, cfg).round(2)),
              "## Log-log slopes against tokens (1 = linear, 2 = quadratic)", "",
              to_markdown(slopes(ops).round(2)),
              "## Goals (attention core, fast backend)", "",

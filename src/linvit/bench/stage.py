@@ -2,7 +2,9 @@
 
     ops.csv, models.csv     one row per measurement (times in ms, peak memory in MiB)
     ratios.md               speedups over softmax, slopes, goals (also printed)
-    ops_scaling.{png,pdf}, models_throughput.{png,pdf}
+    ops_scaling.{png,pdf}   time and memory against tokens
+    ops_share.{png,pdf}     each core's speedup beside its FLOP bound, and its share of it
+    models_throughput.{png,pdf}
     metrics.json            the goals and the environment, written last
 """
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pandas as pd
 import torch
 
 from linvit.bench.config import BenchConfig
-from linvit.bench.figures import model_throughput, operator_scaling
+from linvit.bench.figures import model_throughput, operator_scaling, share_of_bound
 from linvit.bench.measure import keep_freed_memory
 from linvit.bench.models import sweep_models
 from linvit.bench.operators import sweep_operators
@@ -50,6 +52,7 @@ def run_bench(cfg: BenchConfig, out, replace: bool = False) -> dict:
                    f"memory: {cached}")
     ops = write_csv(sweep_operators(cfg, device), run.path / "ops.csv")
     operator_scaling(ops, run.path / "ops_scaling")
+    share_of_bound(ops, cfg, run.path / "ops_share")
     models = None
     if cfg.models is not None:
         models = write_csv(sweep_models(cfg.models, device), run.path / "models.csv")

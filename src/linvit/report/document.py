@@ -30,7 +30,8 @@ def bench_section(record: dict, rel) -> list[str]:
                  f"{'yes' if m['goals_hold'] else 'NO'}.\n")
     ratios = "\n" + (run_dir / "ratios.md").read_text()
     parts.append(ratios.replace("\n## ", "\n### ").lstrip("\n"))      # nest its headings
-    figures = [s for s in ("ops_scaling", "models_throughput") if (run_dir / f"{s}.png").is_file()]
+    figures = [s for s in ("ops_scaling", "ops_share", "models_throughput")
+               if (run_dir / f"{s}.png").is_file()]
     parts += [f"![{stem}]({rel(run_dir / stem)}.png)\n" for stem in figures]
     return parts
 
