@@ -387,3 +387,37 @@ def test_an_image_that_does_not_decode_is_a_data_error_naming_it(tmp_path, monke
     folder = get_dataset("imagefolder").folder(str(tmp_path), "test", None)
     with pytest.raises(DataError, match=f"{bad}: not a readable image"):
         [folder[i] for i in range(len(folder))]
+
+
+def test_prefetching_to_a_device_gives_the_batches_normalised_on_the_cpu(tmp_path, monkeypatch):
+    """The GPU path (uint8 batches through timm's PrefetchLoader, normalised on the device),
+    run on the CPU: the same evaluation batches as the default path, to float32 rounding."""
+    fake_imagefolder(tmp_path, monkeypatch)
+    ds = get_dataset("imagefolder")
+    args = dict(batch_size=4, train=False, img_size=16, workers=0)
+    plain = list(ds.loader(str(tmp_path), "test", **args).batches(0))
+    device = torch.device("cpu")
+    moved = ds.loader(str(tmp_path), "test", prefetch_to=device, **args)
+    assert type(moved.batches_of).__name__ == "PrefetchLoader"
+    moved = list(moved.batches(0))
+    assert len(plain) == len(moved) == 3
+    for (x, y), (mx, my) in zip(plain, moved):
+        assert mx.dtype == torch.float32 and mx.device == device
+        assert torch.equal(y, my)
+        torch.testing.assert_close(mx, x, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dataset, device, prefetched", [
+    ("imagefolder", "cuda", True), ("imagefolder", "cpu", False), ("fashion_mnist", "cuda", False)])
+def test_stages_prefetch_folder_batches_to_a_gpu_only(dataset, device, prefetched, monkeypatch):
+    from types import SimpleNamespace
+
+    from linvit.config import DataCfg
+    from linvit.runs import evaluation
+
+    asked = {}
+    monkeypatch.setattr(type(get_dataset(dataset)), "loader",
+                        lambda self, *a, **kw: asked.update(kw))
+    rt = SimpleNamespace(device=torch.device(device), seed=0, rank=0, world=1)
+    evaluation._loader(DataCfg(dataset=dataset), rt, "train")
+    assert ("prefetch_to" in asked) is prefetched

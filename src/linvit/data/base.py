@@ -40,6 +40,7 @@ class InMemoryDataset:
     install_hint: str = ""
     flip: bool = True            # horizontal flips in training augmentation (not for digits)
     reads_root: bool = True      # whether data.root means anything (False: the data ships)
+    prefetches: bool = False     # whether loader() takes prefetch_to (in-memory batches: no)
     split_sizes: dict = {}       # images per split, known without the data (what a plan costs)
 
     def split_size(self, root: str | None, split: str) -> int | None:

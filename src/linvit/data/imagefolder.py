@@ -23,6 +23,7 @@ DEFAULT_IMG_SIZE = 224
 class ImageFolderDataset:
     install_hint = ("Point data.root at a folder with train/ and val/ subfolders, one folder per "
                     "class.")
+    prefetches = True            # loader() takes prefetch_to (uint8 batches normalised there)
 
     def _split_dir(self, root, split) -> Path:
         if root is None:
@@ -57,7 +58,9 @@ class ImageFolderDataset:
                         tuple(IMAGENET_DEFAULT_STD), tuple(classes))
 
     def loader(self, root, split, *, batch_size, train, subset=None, seed=0, rank=0, world=1,
-               img_size=None, workers=4, auto_augment=None, repeats=1):
+               img_size=None, workers=4, auto_augment=None, repeats=1, prefetch_to=None):
+        """`prefetch_to`: a device to which batches go as uint8 and are normalised there, each
+        copied while the one before is used (timm's prefetcher; for a GPU)."""
         import torch
         from timm.data import create_transform
 
@@ -65,7 +68,8 @@ class ImageFolderDataset:
         if auto_augment and train:
             pillow_safe_posterize()
         transform = create_transform(info.img_size, is_training=train, mean=info.mean,
-                                     std=info.std, auto_augment=auto_augment if train else None)
+                                     std=info.std, auto_augment=auto_augment if train else None,
+                                     use_prefetcher=prefetch_to is not None)
         ds = self.folder(root, split, transform)
         from linvit.data.base import subset_indices
 
@@ -75,8 +79,9 @@ class ImageFolderDataset:
             ds = torch.utils.data.Subset(ds, idx.tolist())
             paths = [paths[i] for i in idx.tolist()]
         check_images(paths)
+        prefetch = None if prefetch_to is None else (prefetch_to, info.mean, info.std)
         return TorchLoader(ds, batch_size, shuffle=train, seed=seed, rank=rank, world=world,
-                           workers=workers, repeats=repeats if train else 1)
+                           workers=workers, repeats=repeats if train else 1, prefetch=prefetch)
 
     def folder(self, root, split, transform):
         """The split as a torchvision ImageFolder whose labels are the training classes' indices,

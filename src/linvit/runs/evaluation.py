@@ -42,6 +42,8 @@ def _loader(data_cfg, rt: Runtime, split: str, auto_augment: str | None = None,
     policy = {"auto_augment": auto_augment} if auto_augment else {}
     if repeats > 1:
         policy["repeats"] = repeats
+    if rt.device.type == "cuda" and get_dataset(data_cfg.dataset).prefetches:
+        policy["prefetch_to"] = rt.device          # uint8 to the GPU, normalised there
     return get_dataset(data_cfg.dataset).loader(
         data_cfg.root, split, train=train, seed=rt.seed, rank=rt.rank, world=rt.world,
         img_size=data_cfg.img_size, workers=data_cfg.workers,
