@@ -203,6 +203,8 @@ CASES = {
     "scenes too small": (["make-scenes", "size=4"], "size: must be in [16, 4096]"),
     "scenes seed": (["make-scenes", "seed=-1"], "seed: must be in"),
     "run seed": (["pretrain", "run.seed=-3"], "run.seed: must be in"),
+    "compile backend": (["pretrain", "data.root={mnist}", "run.compile=inductr"],
+                        "unknown torch.compile backend 'inductr'"),
     "foreign metadata": (["evaluate", "checkpoint={dir}/foreign_meta.safetensors",
                           "data.root={mnist}"], "linvit model spec is not valid"),
     "bad model spec": (["evaluate", "checkpoint={dir}/bad_spec.safetensors", "data.root={mnist}"],

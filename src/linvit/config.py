@@ -182,6 +182,9 @@ class RunCfg:
     threads: int | None = None
     progress: bool = True
     eval_every: int = 1               # evaluate on the test split every k epochs (0: at the end)
+    # torch.compile the training step's model and loss with this backend (None: eager), as timm's
+    # --torchcompile does: "inductor" (torch's default), "aot_eager", ... (checked where the job runs)
+    compile: str | None = None
 
     def validate(self, p: str) -> None:
         in_range(f"{p}.seed", self.seed, 0, MAX_SEED)

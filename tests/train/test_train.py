@@ -107,6 +107,28 @@ def test_rerun_with_another_config_is_refused(mnist_root, tmp_path):
 
 
 @pytest.mark.slow
+def test_compiled_training_step_matches_eager(mnist_root, tmp_path, monkeypatch):
+    # aot_eager traces forward and backward as inductor does, without its C++ build (CI's minutes)
+    compiled, real = [], torch.compile
+
+    def spy(module, **kwargs):
+        compiled.append(kwargs["backend"])
+        return real(module, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", spy)
+    runs = {name: run_pretrain(pretrain_cfg(mnist_root, "optim.epochs=2", *extra), tmp_path / name)
+            for name, extra in (("eager", ()), ("compiled", ("run.compile=aot_eager",)))}
+    assert compiled == ["aot_eager"]
+    losses = {name: [r["train_loss"] for r in read_jsonl(tmp_path / name / "train.jsonl")]
+              for name in runs}
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-3)
+    assert runs["compiled"]["top1"] == pytest.approx(runs["eager"]["top1"], abs=1.0)
+    # the checkpoint keeps the plain module's tensor names (no _orig_mod. prefix)
+    assert load_file(tmp_path / "compiled" / "model.safetensors").keys() == \
+        load_file(tmp_path / "eager" / "model.safetensors").keys()
+
+
+@pytest.mark.slow
 def test_two_process_ddp_matches_one_process(mnist_root, tmp_path):
     """gloo, 2 CPU processes x 32 images == 1 process x 64 images, step for step."""
     args = ["pretrain", "-o", None, f"data.root={mnist_root}", "data.batch_size=64",

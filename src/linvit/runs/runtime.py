@@ -26,6 +26,7 @@ class Runtime:
     amp_dtype: torch.dtype | None = None
     seed: int = 0
     progress: bool = True
+    compile: str | None = None     # torch.compile backend of the training step (trainer.fit)
 
     @property
     def is_main(self) -> bool:
@@ -89,8 +90,22 @@ def setup_runtime(run_cfg) -> Runtime:
         torch.set_num_threads(threads)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
+    check_compile_backend(run_cfg.compile)
     amp = torch.bfloat16 if use_cuda and run_cfg.amp else None
-    return Runtime(device, rank, world, local_rank, amp, run_cfg.seed, run_cfg.progress)
+    return Runtime(device, rank, world, local_rank, amp, run_cfg.seed, run_cfg.progress,
+                   run_cfg.compile)
+
+
+def check_compile_backend(backend: str | None) -> None:
+    """run.compile names a torch.compile backend this torch has; refused before any compute."""
+    if backend is None:
+        return
+    import torch._dynamo  # noqa: PLC0415 (only runs that compile pay for dynamo's import)
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if backend not in known:
+        raise ConfigError(f"run.compile: unknown torch.compile backend {backend!r}; this torch "
+                          f"has {', '.join(sorted({'aot_eager', *torch._dynamo.list_backends()}))}"
+                          " (null: eager)")
 
 
 def seed_everything(seed: int) -> None:

@@ -60,6 +60,8 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
         module = DistributedDataParallel(
             objective, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
             find_unused_parameters=find_unused)
+    if rt.compile:       # the model and loss; checkpoints keep the plain module's tensor names
+        module = torch.compile(module, backend=rt.compile)
     for epoch in range(start, optim_cfg.epochs):
         seed_epoch(epoch_seed(rt.seed, epoch, rt.rank))
         stats = train_one_epoch(module, train_loader, optimizer, scheduler, epoch, rt,
