@@ -183,7 +183,7 @@ class RunCfg:
     progress: bool = True
     eval_every: int = 1               # evaluate on the test split every k epochs (0: at the end)
     # torch.compile the training step's model and loss with this backend (None: eager), as timm's
-    # --torchcompile does: "inductor" (torch's default), "aot_eager", ... (checked where the job runs)
+    # --torchcompile does: "inductor" (torch's default), "aot_eager", ... (checked by the job)
     compile: str | None = None
 
     def validate(self, p: str) -> None:
