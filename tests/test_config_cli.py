@@ -35,6 +35,15 @@ def test_bad_pretrain_configs_name_the_field(overrides, message):
         load_config(PretrainConfig, None, overrides)
 
 
+@pytest.mark.parametrize("text", ["data: [1, 2]\n", "data: 3\n", "optim: {warmup: [1]}\n"])
+def test_a_malformed_section_in_a_file_is_refused_not_replaced_by_an_override(tmp_path, text):
+    # the override's mapping used to replace the file's list or scalar without a word
+    (tmp_path / "c.yaml").write_text(text)
+    section = "optim.warmup" if "warmup" in text else "data"
+    with pytest.raises(ConfigError, match=f"^{re.escape(section)}: expected a mapping, got"):
+        load_config(PretrainConfig, tmp_path / "c.yaml", [f"{section}.root=x"])
+
+
 def test_optimizers_checked_without_timm_are_timms():
     """The names config checks without importing timm.optim are optimizers timm creates."""
     from timm.optim import list_optimizers

@@ -3,18 +3,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from linvit.errors import ConfigError
+
 # Mappings that are one value, not a section of fields: a loss-weight table or an operator's
 # options is replaced whole by an override and stays one column of a results table.
 WHOLE_MAPPINGS = ("losses", "operator_options")
 
 
-def deep_merge(*trees: dict) -> dict:
-    """Later trees over earlier ones: mappings merge key by key, anything else replaces."""
+def deep_merge(*trees: dict, prefix: str = "") -> dict:
+    """Later trees over earlier ones: mappings merge key by key, anything else replaces. A mapping
+    laid over a list or scalar (not null) is a ConfigError: the earlier value is malformed, and
+    replacing it would drop it without a word (`data: [1, 2]` in a file, then `data.root=...`)."""
     out: dict = {}
     for tree in trees:
         for key, value in tree.items():
-            both = isinstance(value, dict) and isinstance(out.get(key), dict)
-            out[key] = deep_merge(out[key], value) if both else value
+            old = out.get(key)
+            if isinstance(value, dict) and isinstance(old, dict):
+                out[key] = deep_merge(old, value, prefix=f"{prefix}{key}.")
+            elif isinstance(value, dict) and old is not None:
+                raise ConfigError(f"{prefix}{key}: expected a mapping, got {old!r}")
+            else:
+                out[key] = value
     return out
 
 
