@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import os
+import re
+
+import pytest
 
 from linvit.attention import OPERATORS
 from linvit.workflow import deps
@@ -74,6 +77,24 @@ def test_a_code_stamp_lists_its_jobs_files_and_is_rewritten_only_when_they_chang
     assert code_digests.digest_mismatches(path.read_text()) == ["linvit/attention/focused.py"]
     other = stamp(["softmax", "linear"])
     assert other != path and other.parent != path.parent     # a folder each (_write_stamp: why)
+    deps.memoise_in(None)
+
+
+@pytest.mark.parametrize("swap", ["folder for a file", "file for a folder"])
+def test_a_stamp_path_taken_by_something_else_fails_the_plan_naming_it(tmp_path, swap):
+    # a dry run with --forceall must not plan without a job's code input: the start fails
+    deps.memoise_in(None)
+    path = deps.code_stamp(tmp_path, "finetune", ["softmax"], [], ["fashion_mnist"])
+    deps.memoise_in(None)
+    if swap == "folder for a file":
+        path.unlink()
+        path.mkdir()
+    else:
+        path.unlink()
+        path.parent.rmdir()
+        path.parent.write_text("not a folder")
+    with pytest.raises(OSError, match=f"cannot write the code stamp {re.escape(str(path))}"):
+        deps.code_stamp(tmp_path, "finetune", ["softmax"], [], ["fashion_mnist"])
     deps.memoise_in(None)
 
 
