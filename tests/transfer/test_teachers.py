@@ -3,13 +3,16 @@ tests write), headless imports, a probe stage that trains their head, and logit 
 against a teacher whose head is not trained."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from linvit import cli
-from linvit.io import read_json
+from linvit.io import read_json, sha256_file
 from linvit.models import ModelSpec, load_model, save_model
-from linvit.models.checkpoint import head_state
+from linvit.models.checkpoint import head_state, read_metadata
+from linvit.models.tensor_files import HEAD_KEY, ORIGIN_KEY
 
 from conftest import make_model, perturb
 
@@ -64,6 +67,10 @@ def test_self_supervised_layouts_import_their_backbone_tensor_for_tensor(
     dropped = {"mocov3": ["module.base_encoder.head.0.weight", "module.predictor.0.weight"],
                "ibot": ["masked_embed", "head.mlp.0.weight"]}[layout]
     assert all(any(d.endswith(k) or k.endswith(d) for k in report["dropped"]) for d in dropped)
+    # its origin (file name, digest, layout) is in the model file, to travel with every model
+    # made from it (test_a_derived_model_carries_its_head_state_and_origin)
+    assert read_metadata(out / "model.safetensors")[ORIGIN_KEY] == json.dumps(
+        {"layout": layout, "sha256": sha256_file(file), "source": file.name}, sort_keys=True)
 
 
 def test_a_foreign_layout_read_as_timm_s_is_refused_naming_the_keys(tmp_path, mnist_root,
@@ -187,12 +194,11 @@ def test_every_stage_that_derives_a_model_says_what_its_head_is():
 
 
 @pytest.mark.parametrize("stage", sorted(HEAD_AFTER))
-def test_a_derived_model_carries_its_head_state(tmp_path, mnist_root, stage):
-    from linvit.models.tensor_files import HEAD_KEY
-
+def test_a_derived_model_carries_its_head_state_and_origin(tmp_path, mnist_root, stage):
     teacher = tmp_path / "teacher.safetensors"
+    origin = {"layout": "mocov3", "sha256": "ab" * 32, "source": "vit-s-300ep.pth.tar"}
     save_model(perturb(make_model(ModelSpec("cpu96", "softmax", 10, 28, 1))), teacher,
-               {HEAD_KEY: "new"})
+               {HEAD_KEY: "new", ORIGIN_KEY: origin})
     args, expected = HEAD_AFTER[stage]
     short = [] if stage in ("select", "init") else [
         "optim.epochs=1", "optim.warmup_epochs=0", "data.batch_size=64",
@@ -201,6 +207,7 @@ def test_a_derived_model_carries_its_head_state(tmp_path, mnist_root, stage):
     assert cli.main([stage, "-o", str(out), f"teacher={teacher}", f"data.root={mnist_root}",
                      "data.test_subset=64", *args, *short]) == 0
     assert head_state(out / "model.safetensors") == expected
+    assert json.loads(read_metadata(out / "model.safetensors")[ORIGIN_KEY]) == origin
 
 
 def test_a_copied_head_keeps_its_source_s_state_and_a_new_one_is_new(tmp_path, mnist_root):

@@ -16,6 +16,7 @@ from linvit.models.attention_copy import MAPS_KEY, drive_with_teacher
 from linvit.models.spec import ModelSpec
 from linvit.models.tensor_files import (
     HEAD_KEY,
+    ORIGIN_KEY,
     SPEC_KEY,
     read_state_dict,
     save_tensors,
@@ -94,10 +95,14 @@ def check_teacher(path: str | Path, field: str = "teacher") -> ModelSpec:
     return spec
 
 
-def carried_metadata(path: str | Path) -> dict:
+def carried_metadata(path: str | Path, head: bool = True) -> dict:
     """What a model made from the model file at `path` (a selection, a distillation) must say of
-    it, for the stages after it to check: the state of its head."""
-    return {HEAD_KEY: head_state(path)}
+    it, for the stages after it to check: the state of its head (unless the stage trained its
+    own), and the foreign weights it descends from, when it was imported (source, digest,
+    layout), so a model's provenance travels with it through every stage."""
+    raw = read_metadata(path).get(ORIGIN_KEY)
+    return ({HEAD_KEY: head_state(path)} if head else {}) | (
+        {ORIGIN_KEY: json.loads(raw)} if raw else {})
 
 
 def read_spec(path: str | Path) -> ModelSpec:

@@ -22,6 +22,7 @@ SPEC_KEY = "linvit_spec"
 DIGEST_KEY = "linvit_tensors_sha256"
 FORMAT_KEY = "format"                 # training checkpoints (linvit.runs.state) set it
 HEAD_KEY = "linvit_head"              # imported teachers: "trained", "new" or "none" (headless)
+ORIGIN_KEY = "linvit_origin"          # the foreign weights a model descends from (import-teacher)
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")   # .pth.tar: MoCo v3, DeiT
 # Wrappers that training scripts (DeiT, MAE, timm's train.py, Lightning) put around a state dict.
 WRAPPER_KEYS = ("model", "state_dict", "model_ema", "state_dict_ema", "module")

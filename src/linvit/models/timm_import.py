@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from linvit.errors import CheckpointError
+from linvit.io import sha256_file
 from linvit.models.checkpoint import load_strict
 from linvit.models.spec import ModelSpec
 from linvit.models.tensor_files import read_state_dict
@@ -36,7 +37,8 @@ def import_timm_weights(spec: ModelSpec, file: str | Path | None = None,
                         "head": _head_state(spec, timm_name)}
     state, dropped = LAYOUTS[layout].convert(read_state_dict(file, LAYOUTS[layout].wrappers))
     state = checkpoint_filter_fn(state, model)
-    report = {"source": str(file), "layout": layout, "dropped": dropped, "reset": [],
+    report = {"source": str(file), "sha256": sha256_file(file), "layout": layout,
+              "dropped": dropped, "reset": [],
               "head": "none" if spec.num_classes == 0 else "trained"}
     own = model.state_dict()
     heads = sorted(k for k in own if k.startswith("head."))

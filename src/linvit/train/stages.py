@@ -6,6 +6,7 @@ model.safetensors and metrics.json there (see linvit.runs.rundir).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from linvit.data import get_dataset
 from linvit.errors import ConfigError
@@ -56,6 +57,7 @@ def run_evaluate(cfg: EvaluateConfig, out, replace: bool = False) -> dict:
 def run_import(cfg: ImportConfig, out, replace: bool = False) -> dict:
     """Turn timm weights (a local file, or timm's pretrained loader) into a linvit teacher."""
     from linvit.models.tensor_files import HEAD_KEY as HEAD
+    from linvit.models.tensor_files import ORIGIN_KEY as ORIGIN
     from linvit.models.timm_import import import_timm_weights
 
     run = prepare_run(cfg, out, "import-teacher", replace)
@@ -70,7 +72,10 @@ def run_import(cfg: ImportConfig, out, replace: bool = False) -> dict:
     if report.get("dropped"):
         log.info("dropped from the checkpoint (%s layout): %s", cfg.layout,
                  ", ".join(report["dropped"][:10]))
-    save_model(model, run.model, metadata={HEAD: report["head"]})
+    # its origin travels to every model made from it (models.checkpoint.carried_metadata)
+    origin = {"source": Path(cfg.file).name if cfg.file else report["source"],
+              **{k: report[k] for k in ("sha256", "layout") if k in report}}
+    save_model(model, run.model, metadata={HEAD: report["head"], ORIGIN: origin})
     return run.finish({"import": report, "spec": spec.as_dict()})
 
 
@@ -79,7 +84,7 @@ def run_probe(cfg, out, replace: bool = False) -> dict:
     probe: every other tensor frozen) or with the rest (fine-tune). Its model file's head counts
     as trained, so logit KD may use it."""
     from linvit.models import read_spec, read_state_dict
-    from linvit.models.checkpoint import mismatch_report
+    from linvit.models.checkpoint import carried_metadata, mismatch_report
 
     rt, run = start_run(cfg, out, "probe", replace)
     if run.finished:
@@ -110,4 +115,4 @@ def run_probe(cfg, out, replace: bool = False) -> dict:
                   eval_every=cfg.run.eval_every, batch_aug=batch_aug, ema=ema,
                   evaluate_ema=score)
     return finish_training(run, rt, model, history, {"mode": cfg.mode, "teacher": cfg.teacher},
-                           ema=ema)
+                           carried_metadata(cfg.teacher, head=False), ema=ema)

@@ -150,13 +150,14 @@ def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:
 
 def model_metadata(record: dict, head_trained: bool = False) -> dict:
     """What a student's model file must say beyond its spec, for the stages after it to check:
-    the teacher whose maps drive it, and the state of its head: trained here, else that of the
-    model it was copied from (an imported teacher's untrained head stays untrained through a
-    copy), else new."""
+    the teacher whose maps drive it, the state of its head (trained here, else that of the model
+    it was copied from: an imported teacher's untrained head stays untrained through a copy, else
+    new), and the teacher's origin."""
     meta = {MAPS_KEY: record["teacher_maps"]} if record.get("teacher_maps") else {}
     if not head_trained:
         meta[HEAD_KEY] = _copied_head_state(record)
-    return meta
+    # the foreign weights the teacher was imported from, if it was (its origin)
+    return meta | carried_metadata(record["sources"]["teacher"], head=False)
 
 
 def _copied_head_state(record: dict) -> str:
