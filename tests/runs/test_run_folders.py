@@ -18,6 +18,7 @@ from linvit.models import ModelSpec, create_vit, save_model
 from linvit.report.record import make_record
 from linvit.runs import rundir
 from linvit.runs.rundir import LOCK, MARKER, verified_metrics
+from linvit.runs.verify import check_run
 
 from conftest import one_error_line
 
@@ -162,12 +163,14 @@ def test_complete_means_every_output_present_and_unchanged(tmp_path, mnist_root,
     saved = model.read_bytes()
     model.unlink()
     assert verified_metrics(out) is None
-    assert make_record("teacher", {}, out, 0)["status"] == "failed"
+    assert "its output model.safetensors is missing" in make_record("teacher", {}, out, 0)["error"]
     capsys.readouterr()
     assert pretrain(out, mnist_root, "optim.epochs=1") == 2
-    assert "fails verification" in one_error_line(capsys, "pretrain")
+    assert "fails verification (its output model.safetensors is missing)" in one_error_line(
+        capsys, "pretrain")
     model.write_bytes(saved[:-1] + bytes([saved[-1] ^ 1]))           # one bit changed
     assert verified_metrics(out) is None
+    assert check_run(out)[1] == "its output model.safetensors has changed since the run wrote it"
     (out / "metrics.json").write_text('{"top1": NaN, "outputs": {}}')  # not JSON
     assert verified_metrics(out) is None
     assert pretrain(out, mnist_root, "optim.epochs=1", "--rerun") == 0
@@ -288,7 +291,8 @@ def test_a_run_whose_input_file_changed_is_no_longer_complete(tmp_path, mnist_ro
     assert verified_metrics(out) is None
     capsys.readouterr()
     assert evaluate(out, teacher, mnist_root) == 2
-    assert "fails verification" in one_error_line(capsys, "evaluate")
+    assert (f"fails verification (its input {teacher.resolve()} has changed since the run read "
+            "it)") in one_error_line(capsys, "evaluate")
     teacher.write_bytes(original)
     assert verified_metrics(out) is not None
     teacher.unlink()

@@ -12,7 +12,7 @@ import yaml
 
 from linvit.io import loads, read_json, write_json
 from linvit.report.kinds import KINDS
-from linvit.runs.verify import verified_metrics
+from linvit.runs.verify import check_run
 
 LOG_TAIL_LINES = 30
 
@@ -24,7 +24,7 @@ def make_record(kind: str, key: dict, run_dir: str | Path, exit_status: int,
         raise ValueError(f"record kind {kind!r} is not one of: {', '.join(KINDS)}")
     run_dir = Path(run_dir)
     record = {"kind": kind, "key": key, "run_dir": str(run_dir), "exit_status": exit_status}
-    metrics = verified_metrics(run_dir) if exit_status == 0 else None
+    metrics, why = check_run(run_dir) if exit_status == 0 else (None, "")
     if metrics is not None:
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
         record.update(status="ok", metrics=metrics, config=config.get("config", {}))
@@ -36,7 +36,7 @@ def make_record(kind: str, key: dict, run_dir: str | Path, exit_status: int,
                    or "failed" in line.lower()),
                   tail[-1] if tail else f"exit status {exit_status}, no log")
     if exit_status == 0:
-        reason = f"exit status 0 but the run's outputs do not verify ({run_dir}); {reason}"
+        reason = f"exit status 0 but the run does not verify ({run_dir}: {why}); {reason}"
     record.update(status="failed", error=reason.strip(), log_tail=tail)
     return record
 

@@ -34,7 +34,7 @@ from linvit.io import (
 )
 from linvit.runs.environment import environment, log_to
 from linvit.runs.lock import LOCK, release_lock, take_lock
-from linvit.runs.verify import input_digests, verified_metrics
+from linvit.runs.verify import check_run, input_digests, verified_metrics
 from linvit.stages import STAGES
 from linvit.trees import non_finite
 
@@ -202,10 +202,13 @@ class RunDir:
             return Problem(f"{self.path} holds a {old_stage} run with another config "
                            f"({'; '.join(changes[:5])}); use another output folder, or --rerun "
                            "to replace it")
-        self._complete = self.metrics.is_file() and self.complete()   # hashes the outputs once
-        if self.metrics.is_file() and not self._complete:
-            return Problem(f"{self.path}: its finished run fails verification (an output is "
-                           "missing or changed, or metrics.json is not valid); --rerun redoes it")
+        self._complete = False
+        if self.metrics.is_file():                                     # hashes the outputs once
+            metrics, why = check_run(self.path)
+            self._complete = metrics is not None
+            if not self._complete:
+                return Problem(f"{self.path}: its finished run fails verification ({why}); "
+                               "--rerun redoes it")
         return self._checkpoint_problem()
 
     def _checkpoint_problem(self) -> Problem | None:

@@ -30,30 +30,35 @@ def _cached_digest(path: str, mtime_ns: int, size: int) -> str:
 
 
 def verified_metrics(path: str | Path) -> dict | None:
-    """The metrics of a complete run in `path`, or None: complete means metrics.json is strict
-    JSON, every output it lists is present and has the checksum written with it, and no input
-    file it lists has changed since (one that is gone, e.g. a results folder moved to another
-    machine, cannot be checked and does not count against the run)."""
+    """The metrics of a complete run in `path`, or None (check_run says why)."""
+    return check_run(path)[0]
+
+
+def check_run(path: str | Path) -> tuple[dict | None, str]:
+    """(metrics, "") for a complete run in `path`, else (None, why not). Complete means
+    metrics.json is strict JSON, every output it lists is present and has the checksum written
+    with it, and no input file it lists has changed since (one that is gone, e.g. a results
+    folder moved to another machine, cannot be checked and does not count against the run)."""
     path = Path(path)
     try:
         metrics = read_json(path / "metrics.json")
         files = metrics["outputs"]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return None, "its metrics.json is missing or not valid"
     if not isinstance(files, dict):
-        return None
+        return None, "its metrics.json lists no outputs"
     for name, digest in files.items():
         target = path / name
-        if digest is None:
-            if not target.exists():
-                return None
-        elif not target.is_file() or sha256_file(target) != digest:
-            return None
+        if not target.exists() if digest is None else not target.is_file():
+            return None, f"its output {name} is missing"
+        if digest is not None and sha256_file(target) != digest:
+            return None, f"its output {name} has changed since the run wrote it"
     inputs = metrics.get("inputs") or {}
     if not isinstance(inputs, dict):
-        return None
+        return None, "its metrics.json lists no valid inputs"
     for name, digest in inputs.items():
         target = Path(name)
         if target.is_file() and _digest(target) != digest:
-            return None                     # stale: computed from another version of an input
-    return metrics
+            # stale: computed from another version of an input
+            return None, f"its input {name} has changed since the run read it"
+    return metrics, ""
