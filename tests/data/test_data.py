@@ -322,7 +322,8 @@ def test_imagefolder_trains_with_timm_transforms(tmp_path):
         "data.batch_size=4", "data.eval_batch_size=4", "data.workers=0", "optim.epochs=1",
         "optim.warmup_epochs=0", "run.progress=false"])
     metrics = run_pretrain(cfg, tmp_path / "run")
-    assert metrics["eval_samples"] == 8 and metrics["spec"]["num_classes"] == 2
+    assert metrics["eval_samples"] == 8 and metrics["eval_classes"] == 2
+    assert metrics["spec"]["num_classes"] == 2
     assert metrics["spec"]["img_size"] == 32 and metrics["spec"]["in_chans"] == 3
 
 
@@ -421,3 +422,20 @@ def test_stages_prefetch_folder_batches_to_a_gpu_only(dataset, device, prefetche
     rt = SimpleNamespace(device=torch.device(device), seed=0, rank=0, world=1)
     evaluation._loader(DataCfg(dataset=dataset), rt, "train")
     assert ("prefetch_to" in asked) is prefetched
+
+
+def test_an_evaluation_counts_the_images_and_classes_it_scored():
+    """A score says how much it covers: 6 images of 2 of a model's 10 classes (issue 33)."""
+    from linvit.runs.evaluation import evaluate
+    from linvit.runs.runtime import Runtime
+
+    class Loader:
+        def __len__(self):
+            return 2
+
+        def batches(self, epoch):
+            yield torch.zeros(4, 3), torch.tensor([1, 1, 7, 7])
+            yield torch.zeros(2, 3), torch.tensor([7, 1])
+
+    scored = evaluate(torch.nn.Linear(3, 10), Loader(), Runtime(torch.device("cpu")), 10)
+    assert (scored["eval_samples"], scored["eval_classes"]) == (6, 2)

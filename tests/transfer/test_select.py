@@ -130,3 +130,21 @@ def test_a_selected_teacher_keeps_the_state_of_its_head(tmp_path, mnist_root, he
           "data.batch_size=32", "optim.warmup_epochs=0",
           "data.test_subset=32", "run.progress=false"]
     assert cli.main(kd) == (0 if head == "trained" else 2)
+
+
+def test_the_same_select_run_twice_writes_the_same_bytes(tmp_path, mnist_root):
+    """Every file a run writes, its log aside (timestamps), is byte-identical for identical
+    inputs, also from two processes (the safetensors header's key order once varied by process)."""
+    import subprocess
+    import sys
+
+    big = tmp_path / "big.safetensors"
+    save_model(make_model(ModelSpec("cpu192", "softmax", 10, 28, 1)), big)
+    for out in ("a", "b"):
+        subprocess.run([sys.executable, "-m", "linvit.cli", "select", "-o", str(tmp_path / out),
+                        f"teacher={big}", "size=cpu96", f"data.root={mnist_root}"], check=True,
+                       capture_output=True)
+    files = sorted(p.name for p in (tmp_path / "a").iterdir() if p.name != "run.log")
+    assert {"model.safetensors", "metrics.json", "selected.json", "config.yaml"} <= set(files)
+    for name in files:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
