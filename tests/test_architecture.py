@@ -93,6 +93,10 @@ def test_every_stage_package_exists():
     """The lists above name real packages (a renamed package would make the checks vacuous)."""
     units = set(unit_graph(deps.import_graph()))
     assert set(STAGE_PACKAGES) <= units, sorted(set(STAGE_PACKAGES) - units)
+    # and every package a stage runs from is among them (a stage in a new package is checked)
+    from linvit.stages import STAGES
+    run_from = {stage.entry.split(".")[1] for stage in STAGES.values()}
+    assert run_from <= set(STAGE_PACKAGES), sorted(run_from - set(STAGE_PACKAGES))
 
 
 def test_every_stage_has_a_code_map():
