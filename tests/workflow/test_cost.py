@@ -45,6 +45,23 @@ def test_a_distillation_adds_the_teacher_s_forward_and_a_linear_probe_trains_no_
         * stage["data"]["train_subset"] * stage["optim"]["epochs"])
 
 
+def test_every_stage_the_paper_grid_runs_is_costed_or_listed_as_not_costed(monkeypatch):
+    """The paper grid runs every kind of job: each stage is costed or not costed by name, and a
+    stage without a cost model stops the plan instead of dropping out of its total."""
+    from linvit.workflow.plan import plan
+
+    config = cost.load_grid(str(ROOT / "config" / "paper.yaml"))
+    stages = {job.stage for job in plan(config).jobs}
+    costed = {c.job.stage for c in costs_of(config)}
+    assert costed == {s for s in stages if not cost.not_costed(s)} and len(costed) >= 5
+    assert {"segment", "detect", "import-teacher"} <= stages - costed
+    real = cost.job_cost
+    monkeypatch.setattr(cost, "job_cost", lambda config, job, cfg: None
+                        if job.stage == "attention-maps" else real(config, job, cfg))
+    with pytest.raises(ValueError, match="stage 'attention-maps' .* has no cost model"):
+        costs_of(config)
+
+
 @pytest.mark.parametrize("name", ["config", "paper"])
 def test_the_tables_add_up_to_the_total(name, capsys):
     path = ROOT / "config" / f"{name}.yaml"
