@@ -50,4 +50,4 @@ onstart:
 
 rule all:
     input:
-        f"{RESULTS}/report.md",
+        OUT.report,

@@ -64,11 +64,15 @@ def test_every_job_rule_writes_where_its_kind_says(tmp_path):
 
 def test_the_rules_hold_no_path_templates_or_key_dicts():
     """Wildcard patterns ({{...}} in an f-string) and record keys (json.dumps of a dict) are
-    written once, in linvit.workflow.jobs and .plan: none in the rules."""
-    for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+    written once, in linvit.workflow.jobs and .plan, and the aggregate files' paths once, in
+    linvit.report.paths: none in the rules."""
+    for smk in [*sorted((ROOT / "workflow" / "rules").glob("*.smk")), ROOT / "Snakefile"]:
         text = smk.read_text()
         assert not re.search(r"\{\{\w+\}\}", text), smk.name
         assert "json.dumps({" not in text and '{"dataset"' not in text, smk.name
+        assert "{RESULTS}" not in text, smk.name
+        paths = re.findall(r"[\"'][^\"'\s]*\.(?:csv|md|tex|png|pdf|log|json|tsv)[\"']", text)
+        assert set(paths) <= {'"report.md"'}, (smk.name, paths)     # (a label, not a path)
 
 
 @pytest.mark.parametrize("config", ["default", "paper", "teachers"])

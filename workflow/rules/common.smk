@@ -15,6 +15,7 @@ from snakemake_interface_executor_plugins.settings import ExecMode
 SRC = Path(workflow.basedir) / "src"
 
 from linvit.workflow import cluster, cost, dense_jobs, deps, plan  # noqa: E402   (check: Snakefile)
+from linvit.report.paths import COLLECTED, FIGURES, TABLE_FORMATS, ResultsFolder  # noqa: E402
 from linvit.workflow.jobs import KINDS  # noqa: E402
 
 # A profile's site settings ($LINVIT_SLURM_PARTITION, ...) must be set before any job is planned
@@ -42,6 +43,7 @@ if workflow.exec_mode == ExecMode.DEFAULT:
     print(cost.plan_line(config, _config_name(), SNAKEFILE, MEMO), file=sys.stderr)
 
 RESULTS = config["results"]
+OUT = ResultsFolder(RESULTS)      # the aggregate files' paths (each job's own: its kind's pattern)
 PLAN = plan.plan(config)          # the grid, expanded once
 CELLS = PLAN.cells
 PYTHON = f"PYTHONPATH={shlex.quote(str(SRC))} {shlex.quote(sys.executable)}"

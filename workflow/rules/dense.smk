@@ -43,38 +43,36 @@ rule dense_collect:
         records=[j.output for j in PLAN.of("dense")],
         code=code("collect"),
     output:
-        f"{RESULTS}/dense/results.csv",
-        f"{RESULTS}/dense/curves.csv",
-        f"{RESULTS}/dense/distill_layers.csv",
+        [OUT.collected(name, sub="dense") for name in COLLECTED],
     log:
-        f"{RESULTS}/logs/dense_collect.log",
+        OUT.log("dense_collect"),
     params:
-        out=f"{RESULTS}/dense",
+        out=OUT.at("dense"),
     shell:
         "{REPORT} collect --out {params.out:q} {input.records:q} > {log:q} 2>&1"
 
 
 rule dense:
     input:
-        grid=f"{RESULTS}/grid.json",
-        results=f"{RESULTS}/dense/results.csv",
+        grid=OUT.grid,
+        results=OUT.collected("results", sub="dense"),
         code=code("dense"),
     output:
-        f"{RESULTS}/dense.md",
-        f"{RESULTS}/tables/dense.csv",
-        report(f"{RESULTS}/tables/dense.md", caption="../report/dense.rst", category="Dense tasks",
+        OUT.section("dense"),
+        OUT.table("dense", "csv"),
+        report(OUT.table("dense", "md"), caption="../report/dense.rst", category="Dense tasks",
                labels={"table": "dense"}),
-        f"{RESULTS}/tables/dense.tex",
-        report(f"{RESULTS}/figures/dense.png", caption="../report/dense.rst",
+        OUT.table("dense", "tex"),
+        report(OUT.figure("dense", "png"), caption="../report/dense.rst",
                category="Dense tasks", labels={"figure": "dense"}),
-        f"{RESULTS}/figures/dense.pdf",
-        multiext(f"{RESULTS}/tables/dense_gaps", ".csv", ".md", ".tex"),
+        OUT.figure("dense", "pdf"),
+        [OUT.table("dense_gaps", fmt) for fmt in TABLE_FORMATS],
     log:
-        f"{RESULTS}/logs/dense_report.log",
+        OUT.log("dense_report"),
     params:
-        tables=f"{RESULTS}/tables",
-        figures=f"{RESULTS}/figures",
-        out=f"{RESULTS}/dense.md",
+        tables=OUT.tables,
+        figures=OUT.figures,
+        out=OUT.section("dense"),
     shell:
         "{REPORT} dense --grid {input.grid:q} --results {input.results:q}"
         " --tables {params.tables:q} --figures {params.figures:q} --out {params.out:q}"

@@ -1,6 +1,5 @@
 # Collection and reporting: records -> results.csv -> tables, figures -> report.md.
 TABLES = grid.report_tables(config, CELLS)      # an axis of one value has no table
-FIGURES = ["accuracy_by_init", "time_to_accuracy", "distill_layers", "claims"]
 
 
 def in_report(path, caption, category, **labels):
@@ -10,7 +9,7 @@ def in_report(path, caption, category, **labels):
 
 rule grid_document:
     output:
-        f"{RESULTS}/grid.json",
+        OUT.grid,
     params:
         doc=json.dumps(grid.grid_document(config, CELLS), sort_keys=True, indent=1),
     run:
@@ -21,17 +20,17 @@ rule grid_document:
 
 rule collect:
     input:
-        grid=f"{RESULTS}/grid.json",
+        grid=OUT.grid,
         records=[j.output for j in PLAN.collected()],
         code=code("collect"),
     output:
-        results=f"{RESULTS}/results.csv",
-        curves=f"{RESULTS}/curves.csv",
-        layers=f"{RESULTS}/distill_layers.csv",
+        results=OUT.collected("results"),
+        curves=OUT.collected("curves"),
+        layers=OUT.collected("distill_layers"),
     log:
-        f"{RESULTS}/logs/collect.log",
+        OUT.log("collect"),
     params:
-        out=RESULTS,
+        out=OUT.root,
     shell:
         "{REPORT} collect --grid {input.grid:q} --out {params.out:q} {input.records:q}"
         " > {log:q} 2>&1"
@@ -39,19 +38,18 @@ rule collect:
 
 rule tables:
     input:
-        grid=f"{RESULTS}/grid.json",
-        results=f"{RESULTS}/results.csv",
-        curves=f"{RESULTS}/curves.csv",
+        grid=OUT.grid,
+        results=OUT.collected("results"),
+        curves=OUT.collected("curves"),
         code=code("tables"),
     output:
-        [f"{RESULTS}/tables/{name}.csv" for name in TABLES],
-        [in_report(f"{RESULTS}/tables/{name}.md", "table", "Tables", table=name)
-         for name in TABLES],
-        [f"{RESULTS}/tables/{name}.tex" for name in TABLES],
+        [OUT.table(name, fmt) if fmt != "md" else
+         in_report(OUT.table(name, fmt), "table", "Tables", table=name)
+         for fmt in TABLE_FORMATS for name in TABLES],
     log:
-        f"{RESULTS}/logs/tables.log",
+        OUT.log("tables"),
     params:
-        out=f"{RESULTS}/tables",
+        out=OUT.tables,
     shell:
         "{REPORT} tables --grid {input.grid:q} --results {input.results:q}"
         " --curves {input.curves:q} --out {params.out:q} > {log:q} 2>&1"
@@ -59,19 +57,19 @@ rule tables:
 
 rule figures:
     input:
-        grid=f"{RESULTS}/grid.json",
-        results=f"{RESULTS}/results.csv",
-        curves=f"{RESULTS}/curves.csv",
-        layers=f"{RESULTS}/distill_layers.csv",
+        grid=OUT.grid,
+        results=OUT.collected("results"),
+        curves=OUT.collected("curves"),
+        layers=OUT.collected("distill_layers"),
         code=code("figures"),
     output:
-        [in_report(f"{RESULTS}/figures/{name}.png", "figure", "Figures", figure=name)
+        [in_report(OUT.figure(name, "png"), "figure", "Figures", figure=name)
          for name in FIGURES],
-        [f"{RESULTS}/figures/{name}.pdf" for name in FIGURES],
+        [OUT.figure(name, "pdf") for name in FIGURES],
     log:
-        f"{RESULTS}/logs/figures.log",
+        OUT.log("figures"),
     params:
-        out=f"{RESULTS}/figures",
+        out=OUT.figures,
     shell:
         "{REPORT} figures --grid {input.grid:q} --results {input.results:q}"
         " --curves {input.curves:q} --layers {input.layers:q} --out {params.out:q} > {log:q} 2>&1"
@@ -110,16 +108,16 @@ rule attention_figure:
         students=[j.output for j in MAPS[1:]],
         code=code("attention"),
     output:
-        in_report(f"{RESULTS}/figures/attention_maps.png", "attention_maps", "Figures",
+        in_report(OUT.figure("attention_maps", "png"), "attention_maps", "Figures",
                   figure="attention_maps"),
-        f"{RESULTS}/figures/attention_maps.pdf",
+        OUT.figure("attention_maps", "pdf"),
     log:
-        f"{RESULTS}/logs/attention_figure.log",
+        OUT.log("attention_figure"),
     params:
         # words, each quoted by {params.students:q}
         students=[word for j in MAPS[1:]
                   for word in ("--student-record", f"{j.wildcards['model']}={j.output}")],
-        out=f"{RESULTS}/figures/attention_maps",
+        out=OUT.figure("attention_maps"),
     threads: 1
     shell:
         "{REPORT} attention --teacher-record {input.teacher:q} {params.students:q}"
@@ -128,26 +126,26 @@ rule attention_figure:
 
 rule report:
     input:
-        grid=f"{RESULTS}/grid.json",
-        results=f"{RESULTS}/results.csv",
-        tables=[f"{RESULTS}/tables/{name}.md" for name in TABLES],
+        grid=OUT.grid,
+        results=OUT.collected("results"),
+        tables=[OUT.table(name, "md") for name in TABLES],
         # the report links the figures: redrawing one does not change the report
-        figures=ancient([f"{RESULTS}/figures/{name}.png" for name in FIGURES + ["attention_maps"]]),
+        figures=ancient([OUT.figure(name, "png") for name in (*FIGURES, "attention_maps")]),
         bench=[j.output for j in PLAN.of("bench")],
-        robustness=[f"{RESULTS}/robustness.md"] if grid.robustness_section(config) else [],
+        robustness=[OUT.section("robustness")] if grid.robustness_section(config) else [],
         dense=dense_jobs.dense_in_report(config, RESULTS),
         code=code("report"),
     output:
-        in_report(f"{RESULTS}/report.md", "report_md", "Report", document="report.md"),
+        in_report(OUT.report, "report_md", "Report", document="report.md"),
     log:
-        f"{RESULTS}/logs/report.log",
+        OUT.log("report"),
     params:
         # words, each quoted by {params.bench:q}
         bench=lambda wc, input: ["--bench-record", *input.bench] if input.bench else [],
         robustness=lambda wc, input: (["--robustness-section", *input.robustness]
                                       if input.robustness else []),
         dense=lambda wc, input: ["--dense-section", *input.dense] if input.dense else [],
-        tables=f"{RESULTS}/tables",
+        tables=OUT.tables,
     shell:
         "{REPORT} report --grid {input.grid:q} --results {input.results:q} {params.bench:q}"
         " {params.robustness:q} {params.dense:q}"

@@ -56,21 +56,21 @@ rule robustness_cell:
 
 rule robustness_report:
     input:
-        grid=f"{RESULTS}/grid.json",
+        grid=OUT.grid,
         records=[j.output for j in PLAN.of("robustness_teacher", "robustness_cell")],
         code=code("robustness-report"),
     output:
-        f"{RESULTS}/tables/robustness.csv",
-        in_report(f"{RESULTS}/tables/robustness.md", "table", "Tables", table="robustness"),
-        f"{RESULTS}/tables/robustness.tex",
-        in_report(f"{RESULTS}/figures/robustness.png", "figure", "Figures", figure="robustness"),
-        f"{RESULTS}/figures/robustness.pdf",
-        section=f"{RESULTS}/robustness.md",
+        OUT.table("robustness", "csv"),
+        in_report(OUT.table("robustness", "md"), "table", "Tables", table="robustness"),
+        OUT.table("robustness", "tex"),
+        in_report(OUT.figure("robustness", "png"), "figure", "Figures", figure="robustness"),
+        OUT.figure("robustness", "pdf"),
+        section=OUT.section("robustness"),
     log:
-        f"{RESULTS}/logs/robustness_report.log",
+        OUT.log("robustness_report"),
     params:
-        tables=f"{RESULTS}/tables",
-        figures=f"{RESULTS}/figures",
+        tables=OUT.tables,
+        figures=OUT.figures,
     shell:
         "{REPORT} robustness-report --grid {input.grid:q} --tables {params.tables:q}"
         " --figures {params.figures:q} --out {output.section:q} {input.records:q} > {log:q} 2>&1"

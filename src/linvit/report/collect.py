@@ -117,10 +117,11 @@ def distill_frame(records: list[dict]) -> pd.DataFrame:
 
 def collect(records: list[dict], grid: list[dict], out_dir: str | Path) -> dict[str, Path]:
     from linvit.io import write_text
+    from linvit.report.paths import COLLECTED
 
     out_dir = Path(out_dir)
-    frames = {"results": results_frame(records, grid), "curves": curves_frame(records),
-              "distill_layers": distill_frame(records)}
+    frames = dict(zip(COLLECTED, (results_frame(records, grid), curves_frame(records),
+                                  distill_frame(records)), strict=True))
     paths = {}
     for name, frame in frames.items():
         paths[name] = out_dir / f"{name}.csv"

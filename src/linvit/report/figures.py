@@ -139,13 +139,16 @@ def claims_figure(results: pd.DataFrame, main_loss: str, out: Path) -> None:
 
 def write_figures(results, curves, layers, orders: dict, main_loss: str,
                   out_dir: str | Path) -> list[Path]:
+    from linvit.report.paths import FIGURE_FORMATS, FIGURES  # what the workflow expects
+
     out_dir = Path(out_dir)
-    accuracy_by_init(results, orders, main_loss, out_dir / "accuracy_by_init")
-    time_to_accuracy(curves, orders, out_dir / "time_to_accuracy")
-    distill_layers(layers, out_dir / "distill_layers")
-    claims_figure(results, main_loss, out_dir / "claims")
-    return [out_dir / f"{n}.{ext}" for n in ("accuracy_by_init", "time_to_accuracy",
-                                             "distill_layers", "claims") for ext in ("png", "pdf")]
+    drawn = {"accuracy_by_init": lambda path: accuracy_by_init(results, orders, main_loss, path),
+             "time_to_accuracy": lambda path: time_to_accuracy(curves, orders, path),
+             "distill_layers": lambda path: distill_layers(layers, path),
+             "claims": lambda path: claims_figure(results, main_loss, path)}
+    for name in FIGURES:
+        drawn[name](out_dir / name)
+    return [out_dir / f"{n}.{ext}" for n in FIGURES for ext in FIGURE_FORMATS]
 
 
 def run_step(a) -> None:

@@ -86,7 +86,9 @@ def dense_in_report(config: dict, results: str) -> list[str]:
     """dense.md as a section of report.md: when `dense.in_all` asks for it (then `all` runs the
     dense sub-grid too), or when the sub-grid has been run (`snakemake dense`), so that the
     report keeps its dense results current."""
-    path = f"{results}/dense.md"
+    from linvit.report.paths import ResultsFolder
+
+    path = ResultsFolder(results).section("dense")
     wanted = (config.get("dense") or {}).get("in_all") or Path(path).is_file()
     return [path] if config.get("dense") and wanted else []
 
