@@ -197,7 +197,7 @@ def code_stamp(folder: Path, stage: str, operators=(), losses=(), datasets=()) -
     and neither does a checkout that only touches modification times. A new stamp takes the
     newest modification time of its files, as the files themselves did as inputs, so a lost
     `.snakemake` reruns nothing either. A DAG of thousands of jobs checks one file per job
-    instead of ~60 (the paper grid's dry run here: 23.3 s -> 11.2 s). Jobs check their stamp
+    instead of ~60 (measured: docs/workflow.md). Jobs check their stamp
     before they run (`linvit --code-stamp`): code edited after planning fails the job instead of
     running code its record would not account for."""
     return _write_stamp(Path(folder), stage, *(tuple(sorted(set(names)))
