@@ -5,6 +5,7 @@ once its compile time is paid.
 
     .venv/bin/python scripts/bench_step.py [--operator gla] [--size cpu96] [--batch 128]
         [--threads 1] [--steps 8] [--repeats 5] [--backend inductor] [--cell-steps 46]
+        [--device cuda]     (on a GPU: both loops under bf16 autocast, as linvit trains there)
 
 Variants, each timed over the same `--steps` batches in every repeat (order rotated per repeat):
   timm eager       model(x), F.cross_entropy, zero_grad, backward, optimizer.step: the bare loop
@@ -55,6 +56,7 @@ class Batches:
 def build(args, **opt_kwargs):
     torch.manual_seed(0)
     model = create_vit(ModelSpec(args.size, args.operator, 10, args.img_size, args.in_chans))
+    model.to(args.device)
     optimizer = create_optimizer_v2(model, opt="adamw", lr=LR, weight_decay=WD, **opt_kwargs)
     return model, optimizer
 
@@ -65,7 +67,9 @@ def timm_eager(args, batches):
 
     def run():
         for images, labels in batches:
-            loss = F.cross_entropy(model(images), labels, label_smoothing=SMOOTHING)
+            with torch.autocast(args.device, torch.bfloat16, enabled=args.device == "cuda"):
+                logits = model(images)
+            loss = F.cross_entropy(logits.float(), labels, label_smoothing=SMOOTHING)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -79,7 +83,8 @@ def linvit_step(args, batches, backend=None, **opt_kwargs):
     module = ClassificationObjective(model, SMOOTHING)
     if backend:
         module = torch.compile(module, backend=backend)
-    rt, loader = Runtime(torch.device("cpu"), progress=False), Batches(batches)
+    amp = torch.bfloat16 if args.device == "cuda" else None
+    rt, loader = Runtime(torch.device(args.device), amp_dtype=amp, progress=False), Batches(batches)
     params = [p for p in model.parameters() if p.requires_grad]
     epoch = iter(range(10**6))
     return lambda: train_one_epoch(module, loader, optimizer, scheduler, next(epoch), rt,
@@ -87,8 +92,11 @@ def linvit_step(args, batches, backend=None, **opt_kwargs):
 
 
 def seconds(fn) -> float:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
     start = time.perf_counter()
     fn()
+    sync()
     return time.perf_counter() - start
 
 
@@ -104,11 +112,14 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--backend", default="inductor")
     p.add_argument("--cell-steps", type=int, default=46)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(args.batch, args.in_chans, args.img_size, args.img_size, generator=g),
-                torch.randint(0, 10, (args.batch,), generator=g)) for _ in range(args.steps)]
+    batches = [(torch.randn(args.batch, args.in_chans, args.img_size, args.img_size,
+                            generator=g).to(args.device),
+                torch.randint(0, 10, (args.batch,), generator=g).to(args.device))
+               for _ in range(args.steps)]
     variants = {"timm eager": timm_eager(args, batches),
                 "linvit eager": linvit_step(args, batches),
                 "linvit fused": linvit_step(args, batches, fused=True)}
@@ -123,7 +134,7 @@ def main() -> int:
         for name in names[r % len(names):] + names[:r % len(names)]:
             times[name].append(seconds(variants[name]) / args.steps)
     base = statistics.median(times["timm eager"])
-    print(f"{args.operator} {args.size} batch {args.batch} {args.img_size}px, "
+    print(f"{args.operator} {args.size} batch {args.batch} {args.img_size}px on {args.device}, "
           f"{args.threads} thread(s), {args.steps} steps x {args.repeats} interleaved repeats")
     for name, ts in times.items():
         med = statistics.median(ts)
