@@ -201,12 +201,54 @@ def test_bench_cli_reports_whether_the_goals_hold(tmp_path, monkeypatch, speed, 
     ("goal_share={gated: 0.5}", "goal_share: needs a `default`"),
     ("goal_share={default: 0.6, gatd: 0.5}", "goal_share: 'gatd' is not one of"),
     ("repeats=0", "repeats"),
+    ("compiled=[softmax]", "compiled[0]: 'softmax' is not one of"),
+    ("compiled=[gla]", "compiled[0]: 'gla' is not one of"),      # TINY_OPS below: not benched
+    ("compile_backend=nope", "compile_backend: unknown torch.compile backend 'nope'"),
 ])
 def test_bench_config_errors_name_the_field_before_any_output(tmp_path, capsys, override, message):
     out = tmp_path / "bench"
-    assert main(["bench", "-o", str(out), override]) == 2
+    extra = ["operators=[softmax,linear]", "compiled=[linear]"] if "compile" in override else []
+    assert main(["bench", "-o", str(out), *extra, override]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_compiled_share_goals_read_the_compiled_rows():
+    """A compiled core twice as fast as the fused one: its own share goal, at twice the share;
+    the fused core's verdict is unchanged."""
+    ops = synthetic(16.0)
+    fast = ops[ops.backend == "torch"]
+    ops = pd.concat([ops, fast.assign(backend="compiled", ms=fast.ms / 2)], ignore_index=True)
+    cfg = load_config(BenchConfig, None, ["goal_share={default: 1.0, linear: 0.45}"])
+    result = {g["goal"]: g for g in goals(ops, cfg)}
+    compiled = f"linear/compiled share of its FLOP bound ({BOUND:.1f}x) at N=4096"
+    assert set(result) == {SHARE_GOAL, SLOPE_GOAL, compiled}
+    assert (result[SHARE_GOAL]["measured"], result[SHARE_GOAL]["holds"]) == (
+        f"{16 / BOUND:.2f}", "NO")
+    assert (result[compiled]["measured"], result[compiled]["holds"]) == (f"{32 / BOUND:.2f}", "yes")
+    table = flop_table(ops, cfg)
+    assert table.loc["linear", "share"] == pytest.approx(16 / BOUND)
+    assert table.loc["linear", "compiled share"] == pytest.approx(32 / BOUND)
+
+
+def test_bench_cli_times_compiled_cores_once_compiled(tmp_path):
+    """`compiled`: the named operator's core gets compiled rows (aot_eager here: no C++ compiler
+    needed), its compile time on the first pass only, and gradients equal to the eager step's."""
+    out = tmp_path / "bench"
+    assert main(["bench", "-o", str(out), *TINY, "models=null", "operators=[softmax,linear]",
+                 "compiled=[linear]", "compile_backend=aot_eager"]) == 0
+    ops = pd.read_csv(out / "ops.csv")
+    compiled = ops[ops.backend == "compiled"]
+    assert len(compiled) == 4 and set(compiled.operator) == {"linear"}     # 2 N x 2 passes
+    assert compiled[compiled.repeat == 0].compile_s.gt(0).all()
+    assert compiled[compiled.repeat == 1].compile_s.isna().all()           # compiled once
+    assert "linear/compiled share of its FLOP bound" in (out / "ratios.md").read_text()
+    from linvit.bench.operators import make_step
+    op = make_operator("linear", 2, 8, 16, CPU)
+    eager = make_step(op, 1, 16, 8, CPU, "core")()
+    again = make_step(op, 1, 16, 8, CPU, "core", compile_backend="aot_eager")()
+    for a, b in zip(eager, again):
+        torch.testing.assert_close(a, b)
 
 
 # matrix products by ATen op: FLOPs = 2 x output entries x inner dimension (a triangular solve

@@ -8,6 +8,7 @@ from linvit.attention.base import FAMILIES
 from linvit.config import RunCfg, one_of, positive
 from linvit.errors import ConfigError
 from linvit.models import SIZES
+from linvit.runs.runtime import check_compile_backend
 
 
 @dataclass
@@ -46,6 +47,10 @@ class BenchConfig:
     min_run_time: float = 1.0          # seconds of timed calls per point and repeat
     repeats: int = 3                   # interleaved passes over every point; ratios are medians
     tf32: bool = False                 # CUDA: let float32 matmuls (torch's and Triton's) use TF32
+    # operators whose core (and mix) is also timed under torch.compile, as backend `compiled`:
+    # what fusing the elementwise passes around the products buys, as run.compile gives a model
+    compiled: list[str] = field(default_factory=list)
+    compile_backend: str = "inductor"  # torch.compile's backend for those rows
     goal_tokens: int = 4096            # the goals: at this N, each core's share of the speedup
     # its FLOPs allow over softmax (FLOP-ratio bound), by operator name, else family, else
     # "default", ...
@@ -59,6 +64,10 @@ class BenchConfig:
     def validate(self, p: str) -> None:
         for i, o in enumerate(self.operators):
             one_of(f"operators[{i}]", o, OPERATORS)
+        for i, o in enumerate(self.compiled):
+            one_of(f"compiled[{i}]", o, [n for n in self.operators if n != "softmax"])
+        if self.compiled:
+            check_compile_backend(self.compile_backend, "compile_backend")
         if "softmax" not in self.operators:
             raise ConfigError("operators: must include softmax (every ratio is against it)")
         for i, n in enumerate(self.tokens):

@@ -9,12 +9,16 @@ operator's own parameters (the qkv and output projections, which every operator 
            reported for the operators that have one.
 
 Each linear operator runs on every backend of linvit.ops that applies to the device, so the
-reference rows show what the fused paths buy.
+reference rows show what the fused paths buy. The operators named in `compiled` are also timed as
+backend `compiled`: the fused PyTorch path under torch.compile, which fuses the elementwise passes
+around the matrix products into generated loops (what run.compile gives the core inside a model).
+Its compile time is spent before the timing and reported as compile_s.
 """
 from __future__ import annotations
 
 import logging
 import math
+import time
 
 import torch
 
@@ -25,12 +29,14 @@ from linvit.ops.backends import backend, triton_available
 log = logging.getLogger("linvit")
 
 
-def backends_for(operator: str, device: torch.device) -> list[str]:
+def backends_for(operator: str, device: torch.device, compiled=()) -> list[str]:
     if operator == "softmax":
         return ["sdpa"]
     names = ["reference", "torch"]
     if device.type == "cuda" and triton_available():
         names.append("triton")
+    if operator in compiled:
+        names.append("compiled")
     return names
 
 
@@ -51,8 +57,9 @@ def parts_of(name: str) -> list[str]:
 
 
 def make_step(op, batch: int, tokens: int, head_dim: int, device: torch.device, part: str,
-              seed: int = 0):
-    """One forward+backward of the part on fixed random q, k, v."""
+              seed: int = 0, compile_backend: str | None = None):
+    """One forward+backward of the part on fixed random q, k, v (its forward compiled with
+    `compile_backend`, if given, for these shapes alone)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     shape = (batch, op.num_heads, tokens, head_dim)
     q, k, v = (torch.randn(shape, generator=gen).to(device).requires_grad_() for _ in range(3))
@@ -60,6 +67,8 @@ def make_step(op, batch: int, tokens: int, head_dim: int, device: torch.device, 
     own = set(op.operator_specific_parameters())          # qkv/proj are outside mix()
     inputs = [q, k, v, *(p for n, p in op.named_parameters() if n in own)]
     fn = op.global_mix if part == "core" else op.mix
+    if compile_backend is not None:
+        fn = torch.compile(fn, backend=compile_backend, dynamic=False)
 
     def step():
         out = fn(q, k, v)
@@ -67,18 +76,33 @@ def make_step(op, batch: int, tokens: int, head_dim: int, device: torch.device, 
     return step
 
 
+OPS_BACKEND = {"sdpa": "auto", "compiled": "torch"}     # the linvit.ops backend of a bench row
+
+
 def bench_operator(name: str, backend_name: str, part: str, tokens: int, cfg,
-                   device: torch.device, memory: bool = True) -> dict:
-    """One point: the median time of forward+backward and (with `memory`) its peak memory."""
-    op = make_operator(name, cfg.heads, cfg.head_dim, tokens, device)
-    step = make_step(op, cfg.batch, tokens, cfg.head_dim, device, part)
-    with backend("auto" if backend_name == "sdpa" else backend_name):
+                   device: torch.device, memory: bool = True, steps: dict | None = None) -> dict:
+    """One point: the median time of forward+backward and (with `memory`) its peak memory.
+    `steps` keeps compiled steps from one pass to the next (each is compiled once)."""
+    steps = {} if steps is None else steps
+    key, compile_s = (name, backend_name, part, tokens), None
+    with backend(OPS_BACKEND.get(backend_name, backend_name)):
+        if key not in steps:
+            op = make_operator(name, cfg.heads, cfg.head_dim, tokens, device)
+            compiled = cfg.compile_backend if backend_name == "compiled" else None
+            steps[key] = make_step(op, cfg.batch, tokens, cfg.head_dim, device, part,
+                                   compile_backend=compiled)
+            if compiled:
+                start = time.perf_counter()
+                steps[key]()                                 # the compile, outside the timing
+                compile_s = time.perf_counter() - start
+        step = steps[key] if backend_name == "compiled" else steps.pop(key)
         seconds = median_seconds(step, cfg.min_run_time)
         peak = peak_bytes(step, device) if memory else None
     return {"operator": name, "backend": backend_name, "part": part, "tokens": tokens,
             "batch": cfg.batch,
             "heads": cfg.heads, "head_dim": cfg.head_dim, "device": device.type,
-            "ms": seconds * 1e3, "peak_mib": None if peak is None else peak / 2**20}
+            "ms": seconds * 1e3, "peak_mib": None if peak is None else peak / 2**20,
+            "compile_s": compile_s}
 
 
 def skip(name: str, backend_name: str, part: str, tokens: int, cfg) -> bool:
@@ -95,13 +119,13 @@ def sweep_operators(cfg, device: torch.device) -> list[dict]:
     """Every point `cfg.repeats` times, one pass over all points after another (interleaved: a
     slow spell of the machine lands on every operator of a pass, not on one operator's repeats).
     Peak memory is exact (measure.py), so the first pass measures it and the others reuse it."""
-    rows, peaks = [], {}
-    jobs = [(n, b, p, t) for n in cfg.operators for b in backends_for(n, device)
+    rows, peaks, steps = [], {}, {}
+    jobs = [(n, b, p, t) for n in cfg.operators for b in backends_for(n, device, cfg.compiled)
             for p in parts_of(n) for t in cfg.tokens if not skip(n, b, p, t, cfg)]
     total = len(jobs) * cfg.repeats
     for repeat in range(cfg.repeats):
         for i, job in enumerate(jobs, repeat * len(jobs) + 1):
-            row = bench_operator(*job, cfg, device, memory=job not in peaks)
+            row = bench_operator(*job, cfg, device, memory=job not in peaks, steps=steps)
             peaks.setdefault(job, row["peak_mib"])
             row.update(repeat=repeat, peak_mib=peaks[job])
             log.info("[%d/%d] %-8s %-9s %-4s N=%-6d %9.2f ms %9.1f MiB", i, total, *job,

@@ -71,11 +71,20 @@ def flop_bound(operator: str, tokens: int, head_dim: int) -> float:
     return OPERATORS["softmax"].core_flops(tokens, head_dim) / own if own else float("nan")
 
 
-def core_shares(ops: pd.DataFrame, operator: str, tokens: int) -> pd.Series:
-    """The operator's fast core at `tokens`: its speedup in each pass over its FLOP bound."""
+def share_backends(ops: pd.DataFrame) -> list[str]:
+    """The backends whose cores have share goals: the device's fast one, and `compiled` where
+    the run timed it."""
     fast = FAST_BACKEND[ops.device.iloc[0]]
+    return [fast, *(["compiled"] if (ops.backend == "compiled").any() else [])]
+
+
+def core_shares(ops: pd.DataFrame, operator: str, tokens: int,
+                backend: str | None = None) -> pd.Series:
+    """The operator's core on `backend` (default: the device's fast one) at `tokens`: its
+    speedup in each pass over its FLOP bound."""
+    backend = backend or FAST_BACKEND[ops.device.iloc[0]]
     rows = speedup_samples(ops)
-    rows = rows[(rows.operator == operator) & (rows.backend == fast) & (rows.part == "core")
+    rows = rows[(rows.operator == operator) & (rows.backend == backend) & (rows.part == "core")
                 & (rows.tokens == tokens)]
     return rows["speedup"].dropna() / flop_bound(operator, tokens, int(ops.head_dim.iloc[0]))
 
@@ -83,15 +92,18 @@ def core_shares(ops: pd.DataFrame, operator: str, tokens: int) -> pd.Series:
 def flop_table(ops: pd.DataFrame, cfg) -> pd.DataFrame:
     """Per operator at goal_tokens: FLOP-ratio bound, the core's speedup on the fast backend
     (median over passes), the share of the bound it reaches (median, and its range over the
-    passes) and the share it should reach."""
+    passes) and the share it should reach; the same for the compiled core where it was timed."""
     rows = []
     for op in [o for o in ops.operator.unique() if o != "softmax"]:
         bound = flop_bound(op, cfg.goal_tokens, int(ops.head_dim.iloc[0]))
-        shares = core_shares(ops, op, cfg.goal_tokens)
-        rows.append({"operator": op, "FLOP bound": bound,
-                     "speedup": shares.median() * bound if len(shares) else np.nan,
-                     "share": shares.median() if len(shares) else np.nan,
-                     "share range": _range(shares), "goal": cfg.share_goal(op)})
+        row = {"operator": op, "FLOP bound": bound}
+        for be in share_backends(ops):
+            shares = core_shares(ops, op, cfg.goal_tokens, be)
+            prefix = "" if be == FAST_BACKEND[ops.device.iloc[0]] else f"{be} "
+            row.update({f"{prefix}speedup": shares.median() * bound if len(shares) else np.nan,
+                        f"{prefix}share": shares.median() if len(shares) else np.nan,
+                        f"{prefix}share range": _range(shares)})
+        rows.append({**row, "goal": cfg.share_goal(op)})
     return pd.DataFrame(rows).set_index("operator")
 
 
@@ -102,20 +114,22 @@ def _range(values: pd.Series) -> str:
 def goals(ops: pd.DataFrame, cfg) -> list[dict]:
     """The targets for each linear operator's core on the device's fast backend: its share of
     the FLOP bound at goal_tokens (median over passes), its memory slope, and on a GPU the
-    Triton kernel against the PyTorch reference."""
+    Triton kernel against the PyTorch reference. A compiled core, where timed, has a share goal
+    of its own (the same share)."""
     fast = FAST_BACKEND[ops.device.iloc[0]]
     sl, out = slopes(ops), []
     for op in [o for o in ops.operator.unique() if o != "softmax"]:
         key = (op, fast, "core")
         if key not in sl.index:
             continue
-        shares = core_shares(ops, op, cfg.goal_tokens)
-        if len(shares):
-            bound, goal = (flop_bound(op, cfg.goal_tokens, int(ops.head_dim.iloc[0])),
-                           cfg.share_goal(op))
-            out.append(_goal(f"{op}/{fast} share of its FLOP bound ({bound:.1f}x) at "
-                             f"N={cfg.goal_tokens}", shares.median(), f">= {goal:g}",
-                             shares.median() >= goal, "", shares))
+        for be in share_backends(ops):
+            shares = core_shares(ops, op, cfg.goal_tokens, be)
+            if len(shares):
+                bound, goal = (flop_bound(op, cfg.goal_tokens, int(ops.head_dim.iloc[0])),
+                               cfg.share_goal(op))
+                out.append(_goal(f"{op}/{be} share of its FLOP bound ({bound:.1f}x) at "
+                                 f"N={cfg.goal_tokens}", shares.median(), f">= {goal:g}",
+                                 shares.median() >= goal, "", shares))
         row = sl.loc[key]
         out.append(_goal(f"{op}/{fast} memory slope, N={int(row['from'])}..{int(row['to'])}",
                          row.memory_slope, f"<= {cfg.goal_slope:g}",
@@ -161,7 +175,7 @@ def markdown(ops: pd.DataFrame, models: pd.DataFrame | None, measured: list[dict
              "core: feature maps + global mixing (what SDPA does); mix: + the local conv.", "",
              to_markdown(sp),
              f"## FLOP-ratio bound and measured speedup at N={cfg.goal_tokens} (attention core, "
-             "fast backend)", "",
+             "fast backend, and compiled where timed)", "",
              "FLOP bound: softmax's forward FLOPs over the operator's (see each operator's "
              "core_flops); share: speedup / bound, how efficiently the operator's FLOPs run "
              "compared with SDPA's (median over the passes; range: lowest-highest, and how "
@@ -169,7 +183,7 @@ def markdown(ops: pd.DataFrame, models: pd.DataFrame | None, measured: list[dict
              to_markdown(flop_table(ops, cfg).round(2)),
              "## Log-log slopes against tokens (1 = linear, 2 = quadratic)", "",
              to_markdown(slopes(ops).round(2)),
-             "## Goals (attention core, fast backend)", "",
+             "## Goals (attention core, fast backend, and compiled where timed)", "",
              to_markdown(pd.DataFrame(measured).set_index("goal"))]
     if models is not None and len(models):
         parts += [f"## Whole-model inference, images/s (batch {cfg.models.batch})", "",

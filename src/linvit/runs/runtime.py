@@ -96,14 +96,14 @@ def setup_runtime(run_cfg) -> Runtime:
                    run_cfg.compile)
 
 
-def check_compile_backend(backend: str | None) -> None:
-    """run.compile names a torch.compile backend this torch has; refused before any compute."""
+def check_compile_backend(backend: str | None, field: str = "run.compile") -> None:
+    """`field` names a torch.compile backend this torch has; refused before any compute."""
     if backend is None:
         return
     import torch._dynamo  # noqa: PLC0415 (only runs that compile pay for dynamo's import)
     known = torch._dynamo.list_backends(exclude_tags=())
     if backend not in known:
-        raise ConfigError(f"run.compile: unknown torch.compile backend {backend!r}; this torch "
+        raise ConfigError(f"{field}: unknown torch.compile backend {backend!r}; this torch "
                           f"has {', '.join(sorted({'aot_eager', *torch._dynamo.list_backends()}))}"
                           " (null: eager)")
 
