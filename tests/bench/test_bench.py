@@ -251,6 +251,25 @@ def test_bench_cli_times_compiled_cores_once_compiled(tmp_path):
         torch.testing.assert_close(a, b)
 
 
+def test_compiled_points_beyond_dynamos_default_cache_are_compiled_too(tmp_path):
+    """Three operators x 3 N compiled: 9 versions of the shared global_mix wrapper, one more
+    than dynamo keeps by default. Every frame dynamo is given must compile, none fall back to
+    eager (seen failing without the bench's cache room: 11 of 12 frames, the 9th point's wrapper
+    run eagerly after "hit config.recompile_limit (8)")."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    out = tmp_path / "bench"
+    assert main(["bench", "-o", str(out), "tokens=[16,64,256]", "softmax_max_tokens=64",
+                 "min_run_time=0.01", "goal_tokens=64", "repeats=1", "models=null",
+                 "run.threads=1", "operators=[softmax,linear,inline,hedgehog]",
+                 "compiled=[linear,inline,hedgehog]", "compile_backend=aot_eager"]) == 0
+    compiled = pd.read_csv(out / "ops.csv").query("backend == 'compiled' and part == 'core'")
+    assert len(compiled) == 9
+    assert counters["frames"]["total"] >= 9
+    assert counters["frames"]["ok"] == counters["frames"]["total"]
+
+
 # matrix products by ATen op: FLOPs = 2 x output entries x inner dimension (a triangular solve
 # with an m x m matrix: m x output entries, its m^2 n / 2 multiply-adds); in-place and out=
 # variants count too (torch's FlopCounterMode misses those and the solves)

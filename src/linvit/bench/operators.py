@@ -16,6 +16,7 @@ Its compile time is spent before the timing and reported as compile_s.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -123,12 +124,30 @@ def sweep_operators(cfg, device: torch.device) -> list[dict]:
     jobs = [(n, b, p, t) for n in cfg.operators for b in backends_for(n, device, cfg.compiled)
             for p in parts_of(n) for t in cfg.tokens if not skip(n, b, p, t, cfg)]
     total = len(jobs) * cfg.repeats
-    for repeat in range(cfg.repeats):
-        for i, job in enumerate(jobs, repeat * len(jobs) + 1):
-            row = bench_operator(*job, cfg, device, memory=job not in peaks, steps=steps)
-            peaks.setdefault(job, row["peak_mib"])
-            row.update(repeat=repeat, peak_mib=peaks[job])
-            log.info("[%d/%d] %-8s %-9s %-4s N=%-6d %9.2f ms %9.1f MiB", i, total, *job,
-                     row["ms"], row["peak_mib"])
-            rows.append(row)
+    with compiled_steps_kept(sum(job[1] == "compiled" for job in jobs)):
+        for repeat in range(cfg.repeats):
+            for i, job in enumerate(jobs, repeat * len(jobs) + 1):
+                row = bench_operator(*job, cfg, device, memory=job not in peaks, steps=steps)
+                peaks.setdefault(job, row["peak_mib"])
+                row.update(repeat=repeat, peak_mib=peaks[job])
+                log.info("[%d/%d] %-8s %-9s %-4s N=%-6d %9.2f ms %9.1f MiB", i, total, *job,
+                         row["ms"], row["peak_mib"])
+                rows.append(row)
     return rows
+
+
+def compiled_steps_kept(count: int):
+    """Room in dynamo's cache for every compiled point at once. The operators' global_mix share
+    one wrapper's code (the float32-under-autocast wrapper), and dynamo keeps 8 compiled versions
+    of a code object by default: past that it would run later points eagerly, unsaid, under the
+    name `compiled`. A point that still finds no room is an error, not an eager row. What the
+    process compiled before is dropped first (torch._dynamo.reset): the sweep owns the room."""
+    if not count:
+        return contextlib.nullcontext()
+    import torch._dynamo  # noqa: PLC0415 (only a bench that compiles pays for dynamo's import)
+    torch._dynamo.reset()
+    config = torch._dynamo.config
+    return config.patch(recompile_limit=max(config.recompile_limit, count),
+                        accumulated_recompile_limit=max(config.accumulated_recompile_limit,
+                                                        count),
+                        fail_on_recompile_limit_hit=True)
