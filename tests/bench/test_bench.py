@@ -202,7 +202,7 @@ def test_bench_cli_reports_whether_the_goals_hold(tmp_path, monkeypatch, speed, 
     ("goal_share={default: 0.6, gatd: 0.5}", "goal_share: 'gatd' is not one of"),
     ("repeats=0", "repeats"),
     ("compiled=[softmax]", "compiled[0]: 'softmax' is not one of"),
-    ("compiled=[gla]", "compiled[0]: 'gla' is not one of"),      # TINY_OPS below: not benched
+    ("compiled=[gla]", "compiled[0]: 'gla' is not one of"),      # not among the operators
     ("compile_backend=nope", "compile_backend: unknown torch.compile backend 'nope'"),
 ])
 def test_bench_config_errors_name_the_field_before_any_output(tmp_path, capsys, override, message):

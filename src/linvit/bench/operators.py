@@ -84,19 +84,20 @@ def bench_operator(name: str, backend_name: str, part: str, tokens: int, cfg,
                    device: torch.device, memory: bool = True, steps: dict | None = None) -> dict:
     """One point: the median time of forward+backward and (with `memory`) its peak memory.
     `steps` keeps compiled steps from one pass to the next (each is compiled once)."""
-    steps = {} if steps is None else steps
     key, compile_s = (name, backend_name, part, tokens), None
     with backend(OPS_BACKEND.get(backend_name, backend_name)):
-        if key not in steps:
+        step = None if steps is None else steps.get(key)
+        if step is None:
             op = make_operator(name, cfg.heads, cfg.head_dim, tokens, device)
             compiled = cfg.compile_backend if backend_name == "compiled" else None
-            steps[key] = make_step(op, cfg.batch, tokens, cfg.head_dim, device, part,
-                                   compile_backend=compiled)
+            step = make_step(op, cfg.batch, tokens, cfg.head_dim, device, part,
+                             compile_backend=compiled)
             if compiled:
                 start = time.perf_counter()
-                steps[key]()                                 # the compile, outside the timing
+                step()                                       # the compile, outside the timing
                 compile_s = time.perf_counter() - start
-        step = steps[key] if backend_name == "compiled" else steps.pop(key)
+                if steps is not None:
+                    steps[key] = step
         seconds = median_seconds(step, cfg.min_run_time)
         peak = peak_bytes(step, device) if memory else None
     return {"operator": name, "backend": backend_name, "part": part, "tokens": tokens,

@@ -93,13 +93,13 @@ def flop_table(ops: pd.DataFrame, cfg) -> pd.DataFrame:
     """Per operator at goal_tokens: FLOP-ratio bound, the core's speedup on the fast backend
     (median over passes), the share of the bound it reaches (median, and its range over the
     passes) and the share it should reach; the same for the compiled core where it was timed."""
-    rows = []
+    rows, fast = [], FAST_BACKEND[ops.device.iloc[0]]
     for op in [o for o in ops.operator.unique() if o != "softmax"]:
         bound = flop_bound(op, cfg.goal_tokens, int(ops.head_dim.iloc[0]))
         row = {"operator": op, "FLOP bound": bound}
         for be in share_backends(ops):
             shares = core_shares(ops, op, cfg.goal_tokens, be)
-            prefix = "" if be == FAST_BACKEND[ops.device.iloc[0]] else f"{be} "
+            prefix = "" if be == fast else f"{be} "
             row.update({f"{prefix}speedup": shares.median() * bound if len(shares) else np.nan,
                         f"{prefix}share": shares.median() if len(shares) else np.nan,
                         f"{prefix}share range": _range(shares)})
@@ -122,11 +122,11 @@ def goals(ops: pd.DataFrame, cfg) -> list[dict]:
         key = (op, fast, "core")
         if key not in sl.index:
             continue
+        bound, goal = (flop_bound(op, cfg.goal_tokens, int(ops.head_dim.iloc[0])),
+                       cfg.share_goal(op))
         for be in share_backends(ops):
             shares = core_shares(ops, op, cfg.goal_tokens, be)
             if len(shares):
-                bound, goal = (flop_bound(op, cfg.goal_tokens, int(ops.head_dim.iloc[0])),
-                               cfg.share_goal(op))
                 out.append(_goal(f"{op}/{be} share of its FLOP bound ({bound:.1f}x) at "
                                  f"N={cfg.goal_tokens}", shares.median(), f">= {goal:g}",
                                  shares.median() >= goal, "", shares))
