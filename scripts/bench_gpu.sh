@@ -17,7 +17,11 @@
 #   PYTHON=python3   an interpreter that already has torch, timm and linvit's needs (src/ is put on
 #                    PYTHONPATH); without it, .venv (set up by scripts/setup.sh when missing)
 #   PART_TIMEOUT=S   stop any part after S seconds (default: no limit); TIMEOUT_<part>=S for one
-#                    part (parts: tests, bench, loader, step, demo)
+#                    part (parts: tests, bench, loader, step, demo). A part stopped this way gets
+#                    SIGINT first, so pytest still names the tests that failed before it
+#   PARTS="a b"      run only these parts, in this order (default: all, in the order above)
+#   BENCH_ARGS="k=v" more overrides of `linvit bench` (they win), e.g. "tokens=[4096] repeats=1"
+#                    where the device time is short; values must not contain spaces
 # The benchmark lets float32 matmuls use TF32 (tf32=true), as GPU training does; the kernel
 # tests run in IEEE float32 (torch's default) and compare at float32 tolerances.
 set -uo pipefail
@@ -39,7 +43,7 @@ part() {   # part NAME COMMAND...: run it (time-limited by PART_TIMEOUT), log it
   echo "=== $name: $*"
   local start=$SECONDS
   local limit="TIMEOUT_$name"
-  timeout "${!limit:-${PART_TIMEOUT:-0}}" "$@" 2>&1 | tee "$out/$name.log"
+  timeout -s INT -k 15 "${!limit:-${PART_TIMEOUT:-0}}" "$@" 2>&1 | tee "$out/$name.log"
   local rc=${PIPESTATUS[0]}
   echo "=== $name: exit $rc after $((SECONDS - start)) s"
   [ "$rc" = 0 ] || failed+=("$name (exit $rc)")
@@ -47,30 +51,55 @@ part() {   # part NAME COMMAND...: run it (time-limited by PART_TIMEOUT), log it
 
 # The interpreter test is left out: on a GPU tests/ops/interpreted runs compiled, directly. The
 # new operators' fla paths are held to their chunked paths only where fla is installed
-# (pip install -e '.[fla]'); without it those tests are skipped and say so (-rs).
-workers=$(( $(nproc) < 8 ? $(nproc) : 8 ))
-part tests "$py" -m pytest -q -rs -p no:cacheprovider -o addopts="" -n "$workers" --dist loadfile \
-  --deselect tests/ops/test_kernels.py::test_triton_kernels_under_the_interpreter \
-  tests/ops/interpreted tests/ops/test_kernels.py tests/ops/test_gated_scan.py \
-  tests/ops/test_delta_rule.py tests/attention/test_ttt.py tests/attention/test_autocast.py
+# (pip install -e '.[fla]'); without it those tests are skipped and say so (-rfEs). -v names each
+# test as it ends, so a part stopped by its time limit still shows how far it got.
+run_tests() {
+  local workers=$(( $(nproc) < 8 ? $(nproc) : 8 ))
+  part tests "$py" -m pytest -v -rfEs -p no:cacheprovider -o addopts="" -n "$workers" \
+    --dist loadfile --deselect tests/ops/test_kernels.py::test_triton_kernels_under_the_interpreter \
+    tests/ops/interpreted tests/ops/test_kernels.py tests/ops/test_gated_scan.py \
+    tests/ops/test_delta_rule.py tests/attention/test_ttt.py tests/attention/test_autocast.py
+}
 
-part bench "$py" -m linvit.cli bench -o "$out/bench" --rerun run.device=cuda tf32=true \
-  "tokens=[1024,4096,16384,65536]" softmax_max_tokens=65536 min_run_time=0.15 repeats=3 \
-  "models.sizes=[deit_t,deit_s]" "models.resolutions=[224,512,1024]" models.batch=8 \
-  models.min_run_time=0.15
+# The token-by-token references (gla, mamba2, deltanet) are timed at N=1024 only (their own
+# reference_max_tokens); on a GPU each of their points costs seconds of small launches.
+run_bench() {
+  local extra=()
+  read -ra extra <<< "${BENCH_ARGS:-}"   # split at spaces only: no glob expansion of [..]
+  part bench "$py" -m linvit.cli bench -o "$out/bench" --rerun run.device=cuda tf32=true \
+    "tokens=[1024,4096,16384]" softmax_max_tokens=16384 min_run_time=0.15 repeats=2 \
+    "models.sizes=[deit_t,deit_s]" "models.resolutions=[224,512]" models.batch=8 \
+    models.min_run_time=0.15 "${extra[@]}"
+}
 
-part loader "$py" scripts/bench_loader.py --device cuda --workers "$(nproc)" --batch 128 \
-  --images 2048 --repeats 3
+run_loader() {
+  part loader "$py" scripts/bench_loader.py --device cuda --workers "$(nproc)" --batch 128 \
+    --images 2048 --repeats 3
+}
 
-part step "$py" scripts/bench_step.py --device cuda --size deit_s --img-size 224 --in-chans 3 \
-  --batch 128 --operator linear --steps 10 --repeats 5
+run_step() {
+  part step "$py" scripts/bench_step.py --device cuda --size deit_s --img-size 224 \
+    --in-chans 3 --batch 128 --operator linear --steps 10 --repeats 5
+}
 
-fmnist=${DATA_ROOT:-/usr/share/datasets/fashion-mnist}
-if [ -f "$fmnist/train-images-idx3-ubyte.gz" ]; then
-  part demo "$py" -m linvit.cli demo -o "$out/demo" run.device=cuda "data.root=$fmnist"
-else
-  echo "=== demo: skipped (no Fashion-MNIST at $fmnist; set DATA_ROOT)"
-fi
+run_demo() {
+  local fmnist=${DATA_ROOT:-/usr/share/datasets/fashion-mnist}
+  if [ -f "$fmnist/train-images-idx3-ubyte.gz" ]; then
+    part demo "$py" -m linvit.cli demo -o "$out/demo" run.device=cuda "data.root=$fmnist"
+  else
+    echo "=== demo: skipped (no Fashion-MNIST at $fmnist; set DATA_ROOT)"
+  fi
+}
+
+parts=${PARTS:-tests bench loader step demo}
+for name in $parts; do   # every name checked before any part runs
+  case $name in
+    tests|bench|loader|step|demo) ;;
+    *) echo "bench_gpu: unknown part '$name' in PARTS (tests, bench, loader, step, demo)" >&2
+       exit 2 ;;
+  esac
+done
+for name in $parts; do "run_$name"; done
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "bench_gpu: failed: ${failed[*]}" >&2

@@ -173,6 +173,18 @@ def test_bench_cli_writes_measurements_ratios_and_figures(tmp_path, capsys):
     assert isinstance(metrics["goals_hold"], bool)      # its value: the test below
 
 
+def test_a_softmax_only_bench_times_the_models_and_claims_no_goal(tmp_path):
+    """operators=[softmax] is how a short GPU lease times whole models only: the tables of the
+    linear cores are empty (not an error after the compute), and no goal is said to hold."""
+    out = tmp_path / "bench"
+    assert main(["bench", "-o", str(out), *TINY, "operators=[softmax]",
+                 "models.operators=[softmax,linear]"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["goals"] == [] and metrics["goals_hold"] is None
+    text = (out / "ratios.md").read_text()
+    assert "| deit_t | linear |" in text and "## Goals" in text
+
+
 @pytest.mark.parametrize("speed, goals_hold", [(32.0, True), (16.0, False)])
 def test_bench_cli_reports_whether_the_goals_hold(tmp_path, monkeypatch, speed, goals_hold):
     """The CLI on a measured frame whose verdicts are known: 32x is a share of 0.50 of linear's

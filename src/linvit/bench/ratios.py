@@ -104,7 +104,12 @@ def flop_table(ops: pd.DataFrame, cfg) -> pd.DataFrame:
                         f"{prefix}share": shares.median() if len(shares) else np.nan,
                         f"{prefix}share range": _range(shares)})
         rows.append({**row, "goal": cfg.share_goal(op)})
-    return pd.DataFrame(rows).set_index("operator")
+    return _table(rows, "operator")
+
+
+def _table(rows: list[dict], key: str) -> pd.DataFrame:
+    """`rows` indexed by `key`; without rows (a softmax-only run) an empty table, not an error."""
+    return (pd.DataFrame(rows) if rows else pd.DataFrame(columns=[key])).set_index(key)
 
 
 def _range(values: pd.Series) -> str:
@@ -184,7 +189,7 @@ def markdown(ops: pd.DataFrame, models: pd.DataFrame | None, measured: list[dict
              "## Log-log slopes against tokens (1 = linear, 2 = quadratic)", "",
              to_markdown(slopes(ops).round(2)),
              "## Goals (attention core, fast backend, and compiled where timed)", "",
-             to_markdown(pd.DataFrame(measured).set_index("goal"))]
+             to_markdown(_table(measured, "goal"))]
     if models is not None and len(models):
         parts += [f"## Whole-model inference, images/s (batch {cfg.models.batch})", "",
                   to_markdown(_model_table(models))]

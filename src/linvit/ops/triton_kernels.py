@@ -77,6 +77,13 @@ def _store_rows(ptr, x, offs_n, offs_d, N, D, stride_n):
 
 
 @triton.jit
+def _denominator(phi, z, eps):
+    """phi z + eps in float32. Under torch.compile a Python float argument may arrive as a
+    float64 scalar, which would promote den, and with it tl.dot's operands, to float64."""
+    return (tl.sum(phi * z[None, :], axis=1) + eps).to(tl.float32)
+
+
+@triton.jit
 def _state(index, offs_k, offs_v, BK: tl.constexpr, BV: tl.constexpr):
     """Offsets of the (BK, BV) state number `index` in a dense padded state buffer."""
     return index * BK * BV + offs_k[:, None] * BV + offs_v[None, :]
@@ -131,7 +138,7 @@ def _output_fwd(Q, S, Z, O, N, DK, DV, H, eps, sq_b, sq_h, sq_n, so_b, so_h, so_
     out = tl.dot(qt, s, input_precision=PRECISION)
     if NORMALIZE:
         z = tl.load(Z + bh * BK + offs_k)
-        den = tl.sum(qt * z[None, :], axis=1) + eps
+        den = _denominator(qt, z, eps)
         out = out / den[:, None]
     _store_rows(O + b * so_b + h * so_h, out, offs_n, offs_v, N, DV, so_n)
 
@@ -160,7 +167,7 @@ def _dq_state(Q, DO, S, Z, DQ, DS, DZ, N, DK, DV, H, chunk, eps,
         g = _load_rows(DO + b * sd_b + h * sd_h, offs_n, offs_v, N, DV, sd_n)
         if NORMALIZE:
             # o is recomputed rather than saved: one extra (BLOCK_N x BK x BV) product
-            den = tl.sum(phi * z[None, :], axis=1) + eps
+            den = _denominator(phi, z, eps)
             dnum = g / den[:, None]
             o = tl.dot(phi, s, input_precision=PRECISION) / den[:, None]
             dden = -tl.sum(dnum * o, axis=1)
