@@ -5,7 +5,8 @@
 #      too);
 #   2. `linvit bench` on the GPU: every operator's core (Triton, fused PyTorch and the reference,
 #      SDPA softmax) against tokens, with the goals, then images/s per operator for DeiT-T and
-#      DeiT-S at 224, 512 and 1024 px. Its ratios.md is the table the README quotes;
+#      DeiT-S at 224 and 512 px (batch 64: at batch 8 an H200 only measured kernel launches).
+#      Its ratios.md is the table the README quotes;
 #   3. the loader benchmark: linvit's ImageFolder loader against timm's create_loader, both
 #      delivering to the GPU through timm's prefetcher (224 px, RandAugment);
 #   4. the training step (scripts/bench_step.py): linvit's against a bare timm loop, eager,
@@ -52,23 +53,28 @@ part() {   # part NAME COMMAND...: run it (time-limited by PART_TIMEOUT), log it
 # The interpreter test is left out: on a GPU tests/ops/interpreted runs compiled, directly. The
 # new operators' fla paths are held to their chunked paths only where fla is installed
 # (pip install -e '.[fla]'); without it those tests are skipped and say so (-rfEs). -v names each
-# test as it ends, so a part stopped by its time limit still shows how far it got.
+# test as it ends, so a part stopped by its time limit still shows how far it got. Only the cases
+# that touch the GPU or its kernels are run (-k): the CPU ones are the CI's, and on a short lease
+# each Triton and fla compile costs seconds.
 run_tests() {
   local workers=$(( $(nproc) < 8 ? $(nproc) : 8 ))
   part tests "$py" -m pytest -v -rfEs -p no:cacheprovider -o addopts="" -n "$workers" \
-    --dist loadfile --deselect tests/ops/test_kernels.py::test_triton_kernels_under_the_interpreter \
+    --dist loadfile -k "triton or cuda or fla" \
+    --deselect tests/ops/test_kernels.py::test_triton_kernels_under_the_interpreter \
     tests/ops/interpreted tests/ops/test_kernels.py tests/ops/test_gated_scan.py \
     tests/ops/test_delta_rule.py tests/attention/test_ttt.py tests/attention/test_autocast.py
 }
 
 # The token-by-token references (gla, mamba2, deltanet) are timed at N=1024 only (their own
-# reference_max_tokens); on a GPU each of their points costs seconds of small launches.
+# reference_max_tokens); on a GPU each of their points costs seconds of small launches. Cores at
+# batch 8: at B=1, H=6 an H200 timed launches (the linear cores took the same ~1 ms from N=1024
+# to 16384).
 run_bench() {
   local extra=()
   read -ra extra <<< "${BENCH_ARGS:-}"   # split at spaces only: no glob expansion of [..]
   part bench "$py" -m linvit.cli bench -o "$out/bench" --rerun run.device=cuda tf32=true \
-    "tokens=[1024,4096,16384]" softmax_max_tokens=16384 min_run_time=0.15 repeats=2 \
-    "models.sizes=[deit_t,deit_s]" "models.resolutions=[224,512]" models.batch=8 \
+    "tokens=[1024,4096,16384]" softmax_max_tokens=16384 batch=8 min_run_time=0.15 repeats=2 \
+    "models.sizes=[deit_t,deit_s]" "models.resolutions=[224,512]" models.batch=64 \
     models.min_run_time=0.15 "${extra[@]}"
 }
 

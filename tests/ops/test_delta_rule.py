@@ -39,7 +39,8 @@ def with_grads(fn, inputs, seed=1):
     """fn's output and its gradients with respect to every input."""
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
     out = fn(*leaves)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed),
+                       dtype=out.dtype).to(out.device)     # drawn on the CPU: the same on CUDA
     return [out, *torch.autograd.grad(out, leaves, grad)]
 
 
