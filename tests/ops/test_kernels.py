@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,18 @@ def test_triton_feature_codes_are_keyed_by_the_python_feature_maps():
 
     assert FEATURE_CODES.keys() == FEATURES.keys()
     assert len(set(FEATURE_CODES.values())) == len(FEATURE_CODES)
+
+
+def test_triton_availability_is_a_constant_of_a_compiled_trace():
+    """A compiled model asks on every trace (resolve_backend); dynamo must take the answer as a
+    constant, not trace the import behind it and warn that it ignores a cache (seen on CUDA)."""
+    def f(x):
+        return x + 1 if triton_available() else x - 1
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = torch.compile(f, fullgraph=True, backend="eager")(torch.zeros(2))
+    assert torch.equal(out, torch.full((2,), 1.0 if triton_available() else -1.0))
 
 
 @pytest.mark.parametrize("missing, warns", [("triton", False), ("linvit.ops.triton_kernels", True)])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import logging
 
 import torch
@@ -34,8 +33,22 @@ def backend(name: str):
         _BACKEND.reset(token)
 
 
-@functools.cache
+_TRITON: list[bool] = []       # the answer, once known (a list: no `global` statement needed)
+
+
+# Under torch.compile the answer is a constant of the trace, computed eagerly: dynamo neither
+# traces the import behind it nor warns about a functools cache it would ignore.
+@torch.compiler.assume_constant_result
 def triton_available() -> bool:
+    if not _TRITON:
+        _TRITON.append(_load_triton())
+    return _TRITON[0]
+
+
+triton_available.cache_clear = _TRITON.clear   # as functools' caches have it (tests ask again)
+
+
+def _load_triton() -> bool:
     try:
         import linvit.ops.triton_kernels  # noqa: F401
     except Exception as exc:              # no triton, or a triton that cannot load here
