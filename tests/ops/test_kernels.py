@@ -79,6 +79,25 @@ def test_every_operator_mixes_alike_on_every_cpu_backend(name):
     assert_match(results["torch"], results["reference"])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(),
+                    reason="needs CUDA and triton")
+@pytest.mark.parametrize("kind", list(FEATURES))
+def test_triton_core_under_torch_compile_on_cuda_matches_eager(kind):
+    """Inductor passes the kernels' Python float eps as a float64 scalar: the normaliser must
+    stay float32 (it broke the compiled training step on an H200). The interpreter cannot show
+    this: it takes every float as float32."""
+    q, k, v = (torch.randn(2, 3, 300, 64, device="cuda", requires_grad=True) for _ in range(3))
+
+    def step(q, k, v):
+        with backend("triton"):
+            out = linear_attention(q, k, v, kind)
+        return out, torch.autograd.grad(out.square().sum(), (q, k, v))
+    torch._dynamo.reset()
+    want, got = step(q, k, v), torch.compile(step)(q, k, v)
+    for a, b in zip((got[0], *got[1]), (want[0], *want[1])):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 def test_triton_takes_heads_up_to_its_limit_and_wider_ones_fall_back_with_one_warning(
         monkeypatch, caplog):
