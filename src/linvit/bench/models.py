@@ -24,11 +24,6 @@ def bench_model(size: str, operator: str, resolution: int, cfg, device: torch.de
     def forward():
         with torch.inference_mode():
             return model(images)
-    # Untimed calls first: a new model's first calls pay for kernel selection and (GPU) Triton
-    # compilation, which blocked_autorange's sizing call alone does not absorb when min_run_time
-    # is short (the first model of a sweep was measured many times slower than the same later)
-    for _ in range(2):
-        forward()
     seconds = median_seconds(forward, cfg.min_run_time)
     peak = peak_bytes(forward, device)
     return {"size": size, "operator": operator, "resolution": resolution,

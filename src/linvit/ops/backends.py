@@ -33,12 +33,11 @@ def backend(name: str):
         _BACKEND.reset(token)
 
 
-_TRITON: list[bool] = []       # the answer, once known (a list: no `global` statement needed)
+# The answer, once known. A list rather than functools.cache: a compiled model asks on every
+# trace, and dynamo ignores (and warns about) a functools cache, tracing the body each time.
+_TRITON: list[bool] = []
 
 
-# Under torch.compile the answer is a constant of the trace, computed eagerly: dynamo neither
-# traces the import behind it nor warns about a functools cache it would ignore.
-@torch.compiler.assume_constant_result
 def triton_available() -> bool:
     if not _TRITON:
         _TRITON.append(_load_triton())

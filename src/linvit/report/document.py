@@ -25,9 +25,9 @@ def bench_section(record: dict, rel) -> list[str]:
         return parts + [f"The benchmark job failed: {record.get('error', '')}\n"]
     run_dir = Path(record["run_dir"])
     m = record["metrics"]
+    held = {True: "yes", False: "NO", None: "none measured (softmax only)"}[m["goals_hold"]]
     parts.append(f"Measured on {m['device']} with {m['threads']} threads; ratios are between "
-                 "rows of this one run. Goals hold: "
-                 f"{'yes' if m['goals_hold'] else 'NO'}.\n")
+                 f"rows of this one run. Goals hold: {held}.\n")
     ratios = "\n" + (run_dir / "ratios.md").read_text()
     parts.append(ratios.replace("\n## ", "\n### ").lstrip("\n"))      # nest its headings
     figures = [s for s in ("ops_scaling", "ops_share", "models_throughput")
