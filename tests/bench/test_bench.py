@@ -181,11 +181,38 @@ def test_bench_cli_writes_measurements_ratios_and_figures(tmp_path, capsys):
     assert "## Goals" in capsys.readouterr().out
     for stem in ("ops_scaling", "ops_share", "models_throughput"):
         assert (out / f"{stem}.png").stat().st_size > 0
+    assert not list(out.glob("*.partial.csv"))                  # replaced by the complete files
     metrics = json.loads((out / "metrics.json").read_text())
     assert len(metrics["goals"]) == 2 * len(linear_ops)           # share and memory slope
     assert set(ops.repeat) == {0, 1}                             # TINY: 2 interleaved passes
     assert ops.groupby(["operator", "backend", "part", "tokens"]).peak_mib.nunique().max() == 1
     assert isinstance(metrics["goals_hold"], bool)      # its value: the test below
+
+
+@pytest.mark.parametrize("sweep", ["ops", "models"])
+def test_a_stopped_bench_keeps_the_rows_it_measured_and_claims_nothing(tmp_path, monkeypatch,
+                                                                       sweep):
+    """A time limit (a short GPU lease) stops the run inside a sweep: the points measured so far
+    are in <sweep>.partial.csv; no complete table, ratios or metrics say it finished."""
+    import linvit.bench.models as models_mod
+    import linvit.bench.operators as ops_mod
+
+    module, name = (ops_mod, "bench_operator") if sweep == "ops" else (models_mod, "bench_model")
+    real, calls = getattr(module, name), []
+
+    def stopped_at_the_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt                   # what SIGINT from `timeout -s INT` raises
+        return real(*args, **kwargs)
+    monkeypatch.setattr(module, name, stopped_at_the_third)
+    out = tmp_path / "bench"
+    with pytest.raises(KeyboardInterrupt):
+        main(["bench", "-o", str(out), *TINY, "operators=[softmax,linear]",
+              "models.operators=[softmax,linear]", "models.resolutions=[32,48]"])
+    assert len(pd.read_csv(out / f"{sweep}.partial.csv")) == 2
+    assert not (out / f"{sweep}.csv").exists()
+    assert not (out / "ratios.md").exists() and not (out / "metrics.json").exists()
 
 
 def test_a_softmax_only_bench_times_the_models_and_claims_no_goal(tmp_path):

@@ -32,7 +32,8 @@ def bench_model(size: str, operator: str, resolution: int, cfg, device: torch.de
             "images_per_s": cfg.batch / seconds, "peak_mib": peak / 2**20}
 
 
-def sweep_models(cfg, device: torch.device) -> list[dict]:
+def sweep_models(cfg, device: torch.device, on_row=None) -> list[dict]:
+    """Every (size, operator, resolution) once; `on_row(rows)` after each, with the rows so far."""
     jobs = [(s, o, r) for s in cfg.sizes for o in cfg.operators for r in cfg.resolutions]
     rows = []
     for i, (size, operator, resolution) in enumerate(jobs, 1):
@@ -40,4 +41,6 @@ def sweep_models(cfg, device: torch.device) -> list[dict]:
         log.info("[%d/%d] %-6s %-8s %4d px %8.2f img/s %9.1f MiB", i, len(jobs), size, operator,
                  resolution, row["images_per_s"], row["peak_mib"])
         rows.append(row)
+        if on_row:
+            on_row(rows)
     return rows

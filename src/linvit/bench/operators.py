@@ -117,10 +117,11 @@ def skip(name: str, backend_name: str, part: str, tokens: int, cfg) -> bool:
     return False
 
 
-def sweep_operators(cfg, device: torch.device) -> list[dict]:
+def sweep_operators(cfg, device: torch.device, on_row=None) -> list[dict]:
     """Every point `cfg.repeats` times, one pass over all points after another (interleaved: a
     slow spell of the machine lands on every operator of a pass, not on one operator's repeats).
-    Peak memory is exact (measure.py), so the first pass measures it and the others reuse it."""
+    Peak memory is exact (measure.py), so the first pass measures it and the others reuse it.
+    `on_row(rows)` is called after every point with the rows so far."""
     rows, peaks, steps = [], {}, {}
     jobs = [(n, b, p, t) for n in cfg.operators for b in backends_for(n, device, cfg.compiled)
             for p in parts_of(n) for t in cfg.tokens if not skip(n, b, p, t, cfg)]
@@ -134,6 +135,8 @@ def sweep_operators(cfg, device: torch.device) -> list[dict]:
                 log.info("[%d/%d] %-8s %-9s %-4s N=%-6d %9.2f ms %9.1f MiB", i, total, *job,
                          row["ms"], row["peak_mib"])
                 rows.append(row)
+                if on_row:
+                    on_row(rows)
     return rows
 
 

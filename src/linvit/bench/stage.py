@@ -1,6 +1,8 @@
 """`linvit bench -o DIR`: the operator and model benchmarks, written beside their config.
 
     ops.csv, models.csv     one row per measurement (times in ms, peak memory in MiB)
+    ops.partial.csv, ...    the rows so far while a sweep runs: what a run stopped by a time
+                            limit keeps (removed once the complete file is written)
     ratios.md               speedups over softmax, slopes, goals (also printed)
     ops_scaling.{png,pdf}   time and memory against tokens
     ops_share.{png,pdf}     each core's speedup beside its FLOP bound, and its share of it
@@ -38,6 +40,23 @@ def write_csv(rows: list[dict], path: Path) -> pd.DataFrame:
     return frame
 
 
+def partial_writer(folder: Path, stem: str):
+    """`on_row` of a sweep: its rows so far in STEM.partial.csv, so that a run stopped by a time
+    limit (a short GPU lease) keeps what it measured. The complete STEM.csv replaces it."""
+    path = folder / f"{stem}.partial.csv"
+
+    def on_row(rows: list[dict]) -> None:
+        write_csv(rows, path)
+    return on_row
+
+
+def complete_csv(rows: list[dict], folder: Path, stem: str) -> pd.DataFrame:
+    """STEM.csv, then the partial file this run wrote on the way is removed."""
+    frame = write_csv(rows, folder / f"{stem}.csv")
+    (folder / f"{stem}.partial.csv").unlink(missing_ok=True)
+    return frame
+
+
 def run_bench(cfg: BenchConfig, out, replace: bool = False) -> dict:
     device = bench_device(cfg.run.device)
     run = prepare_run(cfg, out, "bench", replace)
@@ -50,12 +69,15 @@ def run_bench(cfg: BenchConfig, out, replace: bool = False) -> dict:
     cached = device.type == "cpu" and keep_freed_memory()
     run.open(f"device {device}, {torch.get_num_threads()} threads, malloc keeps freed "
                    f"memory: {cached}")
-    ops = write_csv(sweep_operators(cfg, device), run.path / "ops.csv")
+    ops = complete_csv(sweep_operators(cfg, device, partial_writer(run.path, "ops")),
+                       run.path, "ops")
     operator_scaling(ops, run.path / "ops_scaling")
     share_of_bound(ops, cfg, run.path / "ops_share")
     models = None
     if cfg.models is not None:
-        models = write_csv(sweep_models(cfg.models, device), run.path / "models.csv")
+        models = complete_csv(sweep_models(cfg.models, device,
+                                           partial_writer(run.path, "models")),
+                              run.path, "models")
         model_throughput(models, run.path / "models_throughput")
     measured = goals(ops, cfg)
     text = markdown(ops, models, measured, cfg)
