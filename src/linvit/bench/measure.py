@@ -41,13 +41,15 @@ def keep_freed_memory() -> bool:
         return False
 
 
-def median_seconds(fn: Callable[[], object], min_run_time: float) -> float:
-    # One untimed call first: a new shape's first call pays for kernel selection and (GPU) Triton
-    # compilation or fla's autotuning. blocked_autorange's own sizing calls are not measured
-    # either, but when one call outlasts min_run_time the sizing is that single call and the
-    # first timed block is the second call: a point that is slow twice (forward, then backward
-    # compiling) was timed cold. The first point of a sweep came out several times too slow.
-    fn()
+def median_seconds(fn: Callable[[], object], min_run_time: float, warmup: bool = True) -> float:
+    # One untimed call first (`warmup`; a later pass over the same point may skip it): a new
+    # shape's first call pays for kernel selection and (GPU) Triton compilation or fla's
+    # autotuning. blocked_autorange's own sizing calls are not measured either, but when one call
+    # outlasts min_run_time the sizing is that single call and the first timed block is the
+    # second call: a point that is slow twice (forward, then backward compiling) was timed cold.
+    # The first point of a sweep came out several times too slow.
+    if warmup:
+        fn()
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn},
                             num_threads=torch.get_num_threads())
     return timer.blocked_autorange(min_run_time=min_run_time).median

@@ -98,7 +98,7 @@ def bench_operator(name: str, backend_name: str, part: str, tokens: int, cfg,
                 compile_s = time.perf_counter() - start
                 if steps is not None:
                     steps[key] = step
-        seconds = median_seconds(step, cfg.min_run_time)
+        seconds = median_seconds(step, cfg.min_run_time, warmup=memory)   # first pass only
         peak = peak_bytes(step, device) if memory else None
     return {"operator": name, "backend": backend_name, "part": part, "tokens": tokens,
             "batch": cfg.batch,
