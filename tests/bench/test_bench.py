@@ -239,7 +239,7 @@ def test_bench_cli_reports_whether_the_goals_hold(tmp_path, monkeypatch, speed, 
     import linvit.bench.stage as stage
 
     monkeypatch.setattr(stage, "sweep_operators",
-                        lambda cfg, device: synthetic(speed).to_dict("records"))
+                        lambda cfg, device, on_row=None: synthetic(speed).to_dict("records"))
     out = tmp_path / "bench"
     assert main(["bench", "-o", str(out), "goal_share={default: 0.45}", "models=null",
                  "run.threads=1", "operators=[softmax,linear]"]) == 0
