@@ -45,7 +45,7 @@ def run_script(tmp_path, **env):
 
 def test_parts_and_bench_args_reach_the_commands_as_given(tmp_path):
     proc, calls = run_script(tmp_path, PARTS="bench",
-                                BENCH_ARGS="tokens=[4096]  repeats=1 models.batch=4")
+                             BENCH_ARGS="tokens=[4096]  repeats=1 models.batch=4")
     assert proc.returncode == 0, proc.stderr
     assert len(calls) == 1 and calls[0][:3] == ["-m", "linvit.cli", "bench"]
     # after the script's own overrides, so they win; split at spaces only

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -43,17 +44,17 @@ def write_csv(rows: list[dict], path: Path) -> pd.DataFrame:
 def partial_writer(folder: Path, stem: str):
     """`on_row` of a sweep: its rows so far in STEM.partial.csv, so that a run stopped by a time
     limit (a short GPU lease) keeps what it measured. The complete STEM.csv replaces it."""
-    path = folder / f"{stem}.partial.csv"
+    return functools.partial(write_csv, path=_partial_path(folder, stem))
 
-    def on_row(rows: list[dict]) -> None:
-        write_csv(rows, path)
-    return on_row
+
+def _partial_path(folder: Path, stem: str) -> Path:
+    return folder / f"{stem}.partial.csv"
 
 
 def complete_csv(rows: list[dict], folder: Path, stem: str) -> pd.DataFrame:
     """STEM.csv, then the partial file this run wrote on the way is removed."""
     frame = write_csv(rows, folder / f"{stem}.csv")
-    (folder / f"{stem}.partial.csv").unlink(missing_ok=True)
+    _partial_path(folder, stem).unlink(missing_ok=True)
     return frame
 
 
