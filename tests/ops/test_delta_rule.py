@@ -61,7 +61,8 @@ def assert_all_close(got, want, tol=1e-10):
 
 
 # --- the three paths ---------------------------------------------------------------------------
-@pytest.mark.parametrize("n, chunk", [(50, 32), (50, 7), (50, 64), (20, 20), (1, 32)],
+# (n, longest chunk): 51 tokens run as 2 chunks of 26 (one padded token), 50 as 8 of 7 (six)
+@pytest.mark.parametrize("n, chunk", [(51, 32), (50, 7), (50, 64), (20, 20), (1, 32)],
                          ids=["several-chunks-ragged", "many-chunks", "fewer-tokens-than-chunk",
                               "one-full-chunk", "one-token"])
 def test_reference_chunked_and_map_agree_forward_and_backward(monkeypatch, n, chunk):
@@ -257,8 +258,10 @@ def test_at_init_the_output_ignores_query_and_key_lengths():
     assert op.attention_map(q, k).dtype == torch.float32
 
 
-def test_core_flops_counts_the_chunked_path():
-    c, d, n = dr.CHUNK, 64, 4096
+@pytest.mark.parametrize("n, c", [(4096, dr.CHUNK), (50, 25)])
+def test_core_flops_counts_the_chunked_path(n, c):
+    """At the chunk the path runs: 50 tokens go as 2 chunks of 25, not 2 of 32."""
+    d = 64
     per_token = 2 * c * c + 20 * c * d + 12 * d * d
     assert DeltaNetAttention.core_flops(n, d) == n * per_token
     assert DeltaNetAttention.reference_max_tokens is not None

@@ -70,12 +70,12 @@ def assert_all_close(got, want, tol=1e-10):
         assert err <= tol, f"{name}: relative error {err:.1e}"
 
 
-@pytest.mark.parametrize("N", [50, 1, CHUNK // 2 + 3, 2 * CHUNK + 7])
+@pytest.mark.parametrize("N", [50, 1, CHUNK // 2 + 3, 2 * CHUNK + 8])
 @pytest.mark.parametrize("scalar, strict, key_scale", [
     (False, False, False), (False, True, True), (True, False, False), (True, False, True),
     (True, True, True)])
 def test_recurrence_chunks_and_map_agree_forward_and_backward(N, scalar, strict, key_scale):
-    """N = 50, N < CHUNK, N = 1 and N over two chunks, not a multiple of CHUNK."""
+    """N = 50, N < CHUNK, N = 1, and N over three chunks (of 46, two padded tokens)."""
     case = inputs(N, scalar, key_scale)
     decay_scale = 0.5 if key_scale else 1.0            # GLA passes logsigmoid(g) with 1/16
     want = run(scan("reference", strict, decay_scale=decay_scale), *case)
@@ -310,10 +310,12 @@ def test_mamba2_starts_as_a_slowly_decaying_average():
 
 
 @pytest.mark.parametrize("cls", OPERATORS)
-def test_core_flops_count_the_matmuls_of_the_chunked_path(cls):
+@pytest.mark.parametrize("n", [300, 50])
+def test_core_flops_count_the_matmuls_of_the_chunked_path(cls, n):
+    """At the chunk the path runs (300 tokens as 5 chunks of 60, 50 as one of 50)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    op, n, d = cls(2 * 32, num_heads=2), 300, 32
+    op, d = cls(2 * 32, num_heads=2), 32
     q, k, v = (torch.randn(1, 2, n, d) for _ in range(3))
     with backend("torch"), FlopCounterMode(display=False) as counter:
         op.global_mix(q, k, v)

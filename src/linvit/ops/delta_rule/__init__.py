@@ -35,13 +35,15 @@ from __future__ import annotations
 import torch
 
 from linvit.ops.backends import resolve_backend
+from linvit.ops.chunks import chunk_size
 from linvit.ops.delta_rule.chunked import chunked_scan
 from linvit.ops.delta_rule.fla import fla_scan, fla_takes
 from linvit.ops.delta_rule.map import delta_rule_map  # noqa: F401
 from linvit.ops.delta_rule.reference import reference
 
-# Tokens per chunk: the O(N C d) intra-chunk products against the N / C sequential steps of the
-# chunk loop; at d = 64 on a 2-core CPU 32 ran faster than 48 or 64. Any N works (padding).
+# The longest chunk: the O(N C d) intra-chunk products against the N / C sequential steps of the
+# chunk loop; at d = 64 on a 2-core CPU 32 ran faster than 48 or 64. Any N works: chunk_size
+# evens N out over the fewest chunks of at most CHUNK tokens, padding the last.
 CHUNK = 32
 
 
@@ -53,4 +55,5 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_forward: 
         return reference(q, k, v, beta_forward, beta_backward, scale)
     if name == "triton" and fla_takes(q):
         return fla_scan(q, k, v, beta_forward, beta_backward, scale)
-    return chunked_scan(q, k, v, beta_forward, beta_backward, scale, CHUNK)
+    chunk = chunk_size(q.shape[2], CHUNK)
+    return chunked_scan(q, k, v, beta_forward, beta_backward, scale, chunk)

@@ -17,9 +17,9 @@ With strict=True the diagonal is left out (j < i, j > i: SSD as Hydra's quasisep
 
 Paths, picked by linvit.ops.backends.resolve_backend:
   reference  the recurrence token by token: the readable definition (slow: N steps);
-  torch      chunked: exact within chunks of CHUNK tokens, a state carried between them, time and
-             memory linear in N; both directions at once on shared q, k, v, with the backward
-             pass written out (_ChannelChunks, _ScalarChunks);
+  torch      chunked: exact within chunks of at most CHUNK tokens (ops.chunks.chunk_size), a state
+             carried between them, time and memory linear in N; both directions at once on shared q,
+             k, v, with the backward pass written out (_ChannelChunks, _ScalarChunks);
   triton     fla's chunk_gla / chunk_simple_gla on CUDA when flash-linear-attention is installed,
              otherwise the chunked path (said once).
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from linvit.ops.backends import resolve_backend
+from linvit.ops.chunks import chunk_size
 from linvit.ops.gated_scan.chunked import chunked_scan
 from linvit.ops.gated_scan.definition import (  # noqa: F401  (the definition's names, here too)
     CHUNK,
@@ -64,18 +65,21 @@ def gated_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_a: torch.T
     elif name == "triton" and fla_usable(q, log_a):
         out = fla_scan(q32 * scale, directions(k32, scales), v32, decay_scale * log_a, strict)
     else:
-        out = chunked_scan(q32, k32, v32, log_a, scales, strict, scale, decay_scale, CHUNK)
+        out = chunked_scan(q32, k32, v32, log_a, scales, strict, scale, decay_scale,
+                           chunk_size(q.shape[2], CHUNK))
     return out.to(v.dtype)
 
 
 def chunked_core_flops(tokens: int, dk: int, dv: int, scalar: bool = False) -> float:
     """Forward FLOPs of both directions of one head on the chunked path (multiply-add = 2), per
-    chunk of C tokens: the states W = K^T V (2 C Dk Dv per direction), the inter-chunk outputs
-    P E (2 C Dk Dv per direction), the intra-chunk matrices (per-channel: P K^T per direction,
-    2 C^2 Dk each; scalar: one q k^T, 2 C^2 Dk) and their product with V (2 C^2 Dv, once), and
-    the cumulative log-gates as triangular matmuls (2 C^2 per channel and direction). The state
-    recursion, decays and masks are elementwise."""
-    padded = -(-tokens // CHUNK) * CHUNK
+    chunk of C = chunk_size(tokens, CHUNK) tokens, padding counted: the states W = K^T V
+    (2 C Dk Dv per direction), the inter-chunk outputs P E (2 C Dk Dv per direction), the
+    intra-chunk matrices (per-channel: P K^T per direction, 2 C^2 Dk each; scalar: one q k^T,
+    2 C^2 Dk) and their product with V (2 C^2 Dv, once), and the cumulative log-gates as
+    triangular matmuls (2 C^2 per channel and direction). The state recursion, decays and masks
+    are elementwise."""
+    chunk = chunk_size(tokens, CHUNK)
+    padded = -(-tokens // chunk) * chunk
     channels = 1 if scalar else dk
-    scores = (1 if scalar else 2) * 2.0 * CHUNK * dk
-    return padded * (8.0 * dk * dv + scores + 2.0 * CHUNK * dv + 4.0 * CHUNK * channels)
+    scores = (1 if scalar else 2) * 2.0 * chunk * dk
+    return padded * (8.0 * dk * dv + scores + 2.0 * chunk * dv + 4.0 * chunk * channels)
