@@ -26,11 +26,10 @@ chunked path exact and finite whatever the gates (linvit.ops.gated_scan).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from linvit.attention.base import AttentionOperator
-from linvit.ops.definitions import compute_dtype
+from linvit.ops.definitions import compute_dtype, log_sigmoid
 from linvit.ops.gated_scan import chunked_core_flops, gated_scan, gated_scan_map
 
 GATE_NORMALISER = 16.0     # ViG's gate_logit_normalizer
@@ -70,7 +69,7 @@ class GatedLinearAttention(AttentionOperator):
         low = torch.cat([low, low.new_ones(B, N, 1)], dim=-1)
         weight = torch.cat([self.gate_up.weight, self.gate_up.bias[:, None]], dim=1)
         weight = weight.view(2, 1, H, d, -1).transpose(-1, -2)            # (2, 1, H, r + 1, d)
-        return F.logsigmoid(torch.matmul(low[None, :, None], weight).to(compute_dtype(k)))
+        return log_sigmoid(torch.matmul(low[None, :, None], weight).to(compute_dtype(k)))
 
     def global_mix(self, q, k, v):
         # s (o_F + o_B) / 2: the 1/2 goes with the query scale

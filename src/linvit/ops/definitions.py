@@ -67,6 +67,31 @@ def feature_grad(phi: torch.Tensor, grad: torch.Tensor, kind: str) -> torch.Tens
     return FEATURES[kind].grad(phi, grad)
 
 
+def log_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """F.logsigmoid(x), as min(x, 0) - log(1 + e^-|x|) with a written-out backward off CUDA.
+
+    Why: CPU builds run F.logsigmoid (and log1p) as a scalar loop, where exp and log are
+    vectorised; gla takes the log-sigmoid of its gates, (2, B, H, N, d), in every layer
+    (timings: docs/2026-12-04-chunk-per-length.md). log(1 + e) for e = e^-|x| <= 1 differs from
+    log1p(e) by at most half an ulp of 1 (6e-8 in float32), an absolute error that shows only
+    where logsigmoid(x) is itself that close to 0 (x > 16 in float32)."""
+    if x.is_cuda:
+        return torch.nn.functional.logsigmoid(x)
+    return _LogSigmoid.apply(x)
+
+
+class _LogSigmoid(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.clamp_max(x, 0).sub_(x.abs().neg_().exp_().add_(1).log_())
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        return grad * torch.sigmoid(-x)                     # d logsigmoid(x) / dx = sigmoid(-x)
+
+
 def unit_rows(x: torch.Tensor, gain: torch.Tensor | None = None,
               eps: float = 1e-12) -> torch.Tensor:
     """gain * x / ||x|| over the last dim (F.normalize's result, eps its clamp of the norm), with
