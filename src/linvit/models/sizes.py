@@ -30,6 +30,8 @@ class ModelSize:
 
 SIZES: dict[str, ModelSize] = {
     "cpu96": ModelSize(96, 6, 3, 4, description="CPU: 28 px -> 7x7 patches + cls = 50 tokens"),
+    "cpu64": ModelSize(64, 4, 2, 4,
+                       description="CPU, small: cpu96's 32-wide heads, 4 blocks of 64"),
     "cpu96p2": ModelSize(96, 6, 3, 2, description="CPU, long sequence: 28 px -> 196 patches"),
     "cpu192": ModelSize(192, 6, 3, 4, description="CPU, wider: DeiT-T width at depth 6"),
     "deit_t": ModelSize(192, 12, 3, 16, timm_name="deit_tiny_patch16_224", description="DeiT-Tiny"),
