@@ -26,13 +26,15 @@ def test_chunk_size_of_the_shapes_linvit_trains_on():
     # 28 px in 4 px patches + cls; 224 px in 16 px patches + cls; a power of two
     assert [chunk_size(n, 64) for n in (50, 197, 4096)] == [50, 50, 64]
     assert [chunk_size(n, 32) for n in (50, 197, 4096)] == [25, 29, 32]
-    with pytest.raises(ValueError, match="tokens"):
-        chunk_size(0, 64)
+    assert chunk_size(0, 64) == 1                       # no tokens: no chunks, any length
+    for tokens, longest in ((-1, 64), (50, 0)):
+        with pytest.raises(ValueError, match="tokens >= 0 and longest >= 1"):
+            chunk_size(tokens, longest)
 
 
-@pytest.mark.parametrize("module, longest", [(gs, gs.CHUNK), (dr, dr.CHUNK)],
-                         ids=["gated_scan", "delta_rule"])
-def test_the_chunked_paths_run_the_chunk_size_picks(module, longest, monkeypatch):
+@pytest.mark.parametrize("module, picked", [(gs, 50), (dr, 25)], ids=["gated_scan", "delta_rule"])
+def test_the_chunked_paths_run_the_chunk_size_picks(module, picked, monkeypatch):
+    """50 tokens: one chunk of 50 (longest 64), two of 25 (longest 32), not padded to 64."""
     seen = []
     real = module.chunked_scan
 
@@ -47,4 +49,4 @@ def test_the_chunked_paths_run_the_chunk_size_picks(module, longest, monkeypatch
             gs.gated_scan(q, k, v, -torch.rand(2, 1, 2, 50, 8))
         else:
             dr.delta_rule(q, F.normalize(k, dim=-1), v, *torch.rand(2, 1, 2, 50), scale=1.0)
-    assert seen == [chunk_size(50, longest)]
+    assert seen == [picked]

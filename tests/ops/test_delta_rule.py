@@ -73,6 +73,16 @@ def test_reference_chunked_and_map_agree_forward_and_backward(monkeypatch, n, ch
     assert_all_close(with_grads(through_map, inputs), want)
 
 
+def test_a_chunk_padded_far_past_the_tokens_changes_nothing(monkeypatch):
+    """50 tokens in one chunk of 64 (14 padded), as the path ran before chunk_size evened them
+    out: the padding (zero keys, zero betas) adds nothing, forward or backward."""
+    monkeypatch.setattr(dr, "CHUNK", 64)
+    monkeypatch.setattr(dr, "chunk_size", lambda tokens, longest: longest)
+    inputs = scan_inputs(n=50)
+    assert_all_close(with_grads(on_backend("torch"), inputs),
+                     with_grads(on_backend("reference"), inputs))
+
+
 def test_chunked_backward_passes_gradcheck(monkeypatch):
     """The hand-written backward against finite differences, on several chunks with padding."""
     monkeypatch.setattr(dr, "CHUNK", 3)

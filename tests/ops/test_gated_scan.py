@@ -94,6 +94,16 @@ def test_slow_decays_carry_state_across_many_chunks(scalar, strict, monkeypatch)
     assert_all_close(run(scan("torch", strict), q, k, v, slow, scales, grad), want)
 
 
+@pytest.mark.parametrize("scalar, strict", [(False, False), (True, True)])
+def test_a_chunk_padded_far_past_the_tokens_changes_nothing(scalar, strict, monkeypatch):
+    """50 tokens in one chunk of 64 (14 padded), as the path ran before chunk_size evened them
+    out: the padding's zero keys add nothing, forward or backward."""
+    monkeypatch.setattr(gs, "chunk_size", lambda tokens, longest: longest)
+    case = inputs(50, scalar, key_scale=scalar)
+    want = run(scan("reference", strict), *case)
+    assert_all_close(run(scan("torch", strict), *case), want)
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 def test_grouped_chunk_scan_is_the_plain_recursion(reverse):
     """out_c = gamma_c out_prev + x_c, in groups of ~sqrt(n) chunks, for chunk counts with and
@@ -310,9 +320,10 @@ def test_mamba2_starts_as_a_slowly_decaying_average():
 
 
 @pytest.mark.parametrize("cls", OPERATORS)
-@pytest.mark.parametrize("n", [300, 50])
+@pytest.mark.parametrize("n", [300, 50, 136])
 def test_core_flops_count_the_matmuls_of_the_chunked_path(cls, n):
-    """At the chunk the path runs (300 tokens as 5 chunks of 60, 50 as one of 50)."""
+    """At the chunk the path runs, padding included (300 tokens as 5 chunks of 60, 50 as one of
+    50, 136 as 3 of 46: 2 padded)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     op, d = cls(2 * 32, num_heads=2), 32

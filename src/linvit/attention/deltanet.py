@@ -85,9 +85,10 @@ class DeltaNetAttention(AttentionOperator):
 
     @classmethod
     def core_flops(cls, tokens, head_dim):
-        """Chunked path, chunks of C = chunk_size(tokens, CHUNK) tokens, both directions run as
-        one scan (so nothing is shared between them): per direction a C x C triangular inverse
-        per chunk (N C^2), K K^T, Q K^T, T diag(beta) [K V] and P N (10 N C d), Q S and the
-        chunk loop's W S and K^T N (6 N d^2)."""
-        n, c, d = tokens, chunk_size(tokens, CHUNK), head_dim
+        """Chunked path, N tokens padded to whole chunks of C = chunk_size(tokens, CHUNK), both
+        directions run as one scan (so nothing is shared between them): per direction a C x C
+        triangular inverse per chunk (N C^2), K K^T, Q K^T, T diag(beta) [K V] and P N
+        (10 N C d), Q S and the chunk loop's W S and K^T N (6 N d^2)."""
+        c, d = chunk_size(tokens, CHUNK), head_dim
+        n = -(-tokens // c) * c
         return 2.0 * n * c * c + 20.0 * n * c * d + 12.0 * n * d * d

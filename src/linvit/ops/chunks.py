@@ -21,7 +21,7 @@ def chunk_size(tokens: int, longest: int) -> int:
     out so that padding is under one token per chunk, since padded tokens cost as much as real
     ones: 50 tokens (28 px in 4 px patches) run as one chunk of 50, not 64 (timings:
     docs/2026-12-04-chunk-per-length.md)."""
-    if tokens < 1 or longest < 1:
-        raise ValueError(f"chunk_size: tokens and longest must be >= 1, got {tokens}, {longest}")
-    chunks = -(-tokens // longest)
-    return -(-tokens // chunks)
+    if tokens < 0 or longest < 1:
+        raise ValueError(f"chunk_size: needs tokens >= 0 and longest >= 1, got {tokens}, {longest}")
+    chunks = max(1, -(-tokens // longest))
+    return max(1, -(-tokens // chunks))                  # 0 tokens: no chunk of any length

@@ -70,11 +70,12 @@ def feature_grad(phi: torch.Tensor, grad: torch.Tensor, kind: str) -> torch.Tens
 def log_sigmoid(x: torch.Tensor) -> torch.Tensor:
     """F.logsigmoid(x), as min(x, 0) - log(1 + e^-|x|) with a written-out backward off CUDA.
 
-    Why: CPU builds run F.logsigmoid (and log1p) as a scalar loop, where exp and log are
-    vectorised; gla takes the log-sigmoid of its gates, (2, B, H, N, d), in every layer
-    (timings: docs/2026-12-04-chunk-per-length.md). log(1 + e) for e = e^-|x| <= 1 differs from
-    log1p(e) by at most half an ulp of 1 (6e-8 in float32), an absolute error that shows only
-    where logsigmoid(x) is itself that close to 0 (x > 16 in float32)."""
+    Why: the CPU build linvit pins runs F.logsigmoid (and log1p) as a scalar loop, where exp and
+    log are vectorised; gla takes the log-sigmoid of its gates, (2, B, H, N, d), in every layer
+    (timings: docs/2026-12-04-chunk-per-length.md). Precision: log(1 + e) for e = e^-|x| <= 1
+    is within half an ulp of 1 of log1p(e) (6e-8 in float32), an absolute error: for large x,
+    where logsigmoid(x) ~ -e^-x is that small, the relative error grows and past x ~ 17 (float32)
+    the result is 0, which as a log-decay means no decay, as e^-e^-x would round to anyway."""
     if x.is_cuda:
         return torch.nn.functional.logsigmoid(x)
     return _LogSigmoid.apply(x)
