@@ -136,10 +136,22 @@ class AttentionOperator(nn.Module):
         self.num_prefix_tokens = 1
         self.grid_size: tuple[int, int] | None = None
         self.build(**dd)
+        self.init_parameters()
+
+    def init_weights(self) -> None:
+        """timm's ViT init (init_weights_vit_timm, and the jax variant) gives every nn.Linear of
+        the model its own init, the operator's gates and branches included, then calls this on
+        their parent (children first): the operator's documented initial values win."""
+        self.init_parameters()
 
     # --- what an operator implements -------------------------------------------------------
     def build(self, device=None, dtype=None) -> None:
-        """Create operator-specific parameters (none by default)."""
+        """Create operator-specific parameters (none by default); init_parameters sets them."""
+
+    def init_parameters(self) -> None:
+        """Set the operator-specific parameters to their documented initial values (init_notes);
+        run after build and again after timm's init of the whole model. qkv and proj are not
+        touched: they keep timm's init, or the copied teacher's tensors."""
 
     def global_mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -65,9 +65,12 @@ class DeltaNetAttention(AttentionOperator):
     def build(self, device=None, dtype=None):
         H, C = self.num_heads, self.num_heads * self.head_dim
         self.beta_proj = nn.Linear(C, 2 * H, device=device, dtype=dtype)   # [forward | backward]
+        self.query_scale = nn.Parameter(torch.ones(H, device=device, dtype=dtype))
+
+    def init_parameters(self):
         nn.init.zeros_(self.beta_proj.weight)
         nn.init.constant_(self.beta_proj.bias, math.log(self.beta_init / (1 - self.beta_init)))
-        self.query_scale = nn.Parameter(torch.ones(H, device=device, dtype=dtype))
+        nn.init.ones_(self.query_scale)
 
     def scan_inputs(self, q, k):
         """Unit q times the head's gain, unit k, and the forward and backward betas (B, H, N)."""

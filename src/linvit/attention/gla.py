@@ -55,6 +55,9 @@ class GatedLinearAttention(AttentionOperator):
         dim = self.num_heads * self.head_dim
         self.gate_down = nn.Linear(dim, self.gate_rank, bias=False, device=device, dtype=dtype)
         self.gate_up = nn.Linear(self.gate_rank, 2 * dim, device=device, dtype=dtype)
+
+    def init_parameters(self):
+        self.gate_down.reset_parameters()                  # PyTorch's default, not timm's
         nn.init.zeros_(self.gate_up.weight)
         nn.init.constant_(self.gate_up.bias, GATE_BIAS)
 

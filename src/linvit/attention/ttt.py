@@ -70,11 +70,14 @@ class TTTAttention(AttentionOperator):
         self.swiglu_w2 = nn.Parameter(torch.eye(d, **dd).expand(1, H, d, d).clone())
         self.conv_kernel = nn.Parameter(torch.zeros(d, 1, 3, 3, **dd))
         self.branch_q, self.branch_k, self.branch_v = (nn.Linear(C, d, **dd) for _ in range(3))
+        # No bias: proj's own bias already plays that part.
+        self.branch_out = nn.Linear(d, C, bias=False, **dd)
+
+    def init_parameters(self):
+        C = self.num_heads * self.head_dim
         for lin in (self.branch_q, self.branch_k, self.branch_v):
             nn.init.normal_(lin.weight, std=C ** -0.5)
             nn.init.zeros_(lin.bias)
-        # No bias: proj's own bias already plays that part.
-        self.branch_out = nn.Linear(d, C, bias=False, **dd)
         nn.init.zeros_(self.branch_out.weight)
 
     def global_mix(self, q, k, v):
