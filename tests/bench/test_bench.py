@@ -354,7 +354,8 @@ class MatmulFlops(TorchDispatchMode):
 @pytest.mark.parametrize("name", list(OPERATORS))
 def test_flop_counts_are_the_matmuls_the_fast_path_runs(name):
     """core_flops against the matrix products the CPU fast path runs (softmax: its explicit map
-    times V, as SDPA's CPU kernel is one opaque op), on whole chunks (padding is not counted)."""
+    times V, as SDPA's CPU kernel is one opaque op), at a length of whole chunks (320 tokens:
+    5 x 64, 10 x 32); padded lengths are counted in tests/ops."""
     heads, d, n = 2, 32, 320
     op = make_operator(name, heads, d, 324, CPU)          # an 18 x 18 grid for local terms
     q, k, v = (torch.randn(1, heads, n, d) for _ in range(3))

@@ -268,12 +268,13 @@ def test_at_init_the_output_ignores_query_and_key_lengths():
     assert op.attention_map(q, k).dtype == torch.float32
 
 
-@pytest.mark.parametrize("n, c", [(4096, dr.CHUNK), (50, 25)])
-def test_core_flops_counts_the_chunked_path(n, c):
-    """At the chunk the path runs: 50 tokens go as 2 chunks of 25, not 2 of 32."""
+@pytest.mark.parametrize("n, c, padded", [(4096, dr.CHUNK, 4096), (50, 25, 50), (51, 26, 52)])
+def test_core_flops_counts_the_chunked_path(n, c, padded):
+    """At the chunk the path runs, padding included: 50 tokens go as 2 chunks of 25, not 2 of
+    32; 51 as 2 of 26, one padded."""
     d = 64
     per_token = 2 * c * c + 20 * c * d + 12 * d * d
-    assert DeltaNetAttention.core_flops(n, d) == n * per_token
+    assert DeltaNetAttention.core_flops(n, d) == padded * per_token
     assert DeltaNetAttention.reference_max_tokens is not None
 
 
