@@ -71,11 +71,20 @@ def test_maps_are_what_their_kind_declares(name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_forward_with_map_matches_forward(name):
+    """Both run one code path; for an exact map the output is also rebuilt from the map the
+    method returns (map @ V plus the local term, heads merged, proj): a map that is not the one
+    the output used cannot pass."""
     op = make_op(name).eval()
     x = torch.randn(2, TOKENS, HEAD_DIM * HEADS, dtype=torch.float64)
     out, attn_map = op.forward_with_map(x)
     torch.testing.assert_close(out, op(x), rtol=1e-4, atol=1e-5)
     assert attn_map.dtype == torch.float32
+    if name in EXACT:
+        _, _, v = op.project(x)
+        local = op.local_mix(v)
+        mixed = attn_map.double() @ v + (0 if local is None else local)
+        rebuilt = op.proj(op.norm(mixed.transpose(1, 2).reshape(x.shape)))
+        torch.testing.assert_close(rebuilt, out, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", ALL)
