@@ -66,16 +66,22 @@ def test_auto_backend_on_cpu_is_the_fused_path_and_names_are_checked():
 
 @pytest.mark.parametrize("name", list(OPERATORS))      # softmax too: it must ignore the backend
 def test_every_operator_mixes_alike_on_every_cpu_backend(name):
+    """Off their init (zero gate weights would make the gates' gradient paths trivially alike),
+    and the operator's own parameters' gradients compared too."""
     torch.manual_seed(0)
     op = OPERATORS[name](96, num_heads=4)
     op.set_token_layout(1, (7, 7))
+    own = [p for n, p in op.named_parameters() if n in op.operator_specific_parameters()]
+    with torch.no_grad():
+        for p in own:
+            p.add_(0.1 * torch.randn_like(p))
     qkv, grad = inputs((2, 4, 50, 24), 24)
     results = {}
     for be in ("reference", "torch"):
         leaves = [t.clone().requires_grad_() for t in qkv]
         with backend(be):
             out = op.mix(*leaves)
-        results[be] = (out, *torch.autograd.grad(out, leaves, grad))
+        results[be] = (out, *torch.autograd.grad(out, leaves + own, grad, allow_unused=True))
     assert_match(results["torch"], results["reference"])
 
 
