@@ -34,8 +34,6 @@ import linvit.attention.gla as gla  # noqa: E402
 import linvit.ops.delta_rule as delta_rule  # noqa: E402
 import linvit.ops.gated_scan as gated_scan  # noqa: E402
 from linvit.models import ModelSpec, create_vit  # noqa: E402
-from linvit.ops.chunks import chunk_size  # noqa: E402
-from linvit.ops.definitions import log_sigmoid  # noqa: E402
 
 
 def fixed(tokens: int, longest: int) -> int:
@@ -48,8 +46,6 @@ VARIANTS = {
     "fixed longest chunk": [(gated_scan, "chunk_size", fixed), (delta_rule, "chunk_size", fixed)],
     "F.logsigmoid gates": [(gla, "log_sigmoid", F.logsigmoid)],
 }
-CURRENT = {(gated_scan, "chunk_size"): chunk_size, (delta_rule, "chunk_size"): chunk_size,
-           (gla, "log_sigmoid"): log_sigmoid}
 
 
 def applies(variant: str, operator: str) -> bool:
@@ -72,6 +68,7 @@ def step_fn(args, operator: str, batches):
 
 
 def timed(run, variant: str) -> float:
+    saved = [(module, name, getattr(module, name)) for module, name, _ in VARIANTS[variant]]
     for module, name, stand_in in VARIANTS[variant]:
         setattr(module, name, stand_in)
     try:
@@ -79,7 +76,7 @@ def timed(run, variant: str) -> float:
         run()
         return time.perf_counter() - start
     finally:
-        for (module, name), current in CURRENT.items():
+        for module, name, current in saved:
             setattr(module, name, current)
 
 

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from linvit.attention.base import AttentionOperator
-from linvit.ops.chunks import chunk_size
+from linvit.ops.chunks import padded_length
 from linvit.ops.definitions import unit_rows
 from linvit.ops.delta_rule import CHUNK, delta_rule, delta_rule_map
 
@@ -92,6 +92,5 @@ class DeltaNetAttention(AttentionOperator):
         directions run as one scan (so nothing is shared between them): per direction a C x C
         triangular inverse per chunk (N C^2), K K^T, Q K^T, T diag(beta) [K V] and P N
         (10 N C d), Q S and the chunk loop's W S and K^T N (6 N d^2)."""
-        c, d = chunk_size(tokens, CHUNK), head_dim
-        n = -(-tokens // c) * c
+        (c, n), d = padded_length(tokens, CHUNK), head_dim
         return 2.0 * n * c * c + 20.0 * n * c * d + 12.0 * n * d * d

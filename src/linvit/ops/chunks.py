@@ -25,3 +25,9 @@ def chunk_size(tokens: int, longest: int) -> int:
         raise ValueError(f"chunk_size: needs tokens >= 0 and longest >= 1, got {tokens}, {longest}")
     chunks = max(1, -(-tokens // longest))
     return max(1, -(-tokens // chunks))                  # 0 tokens: no chunk of any length
+
+
+def padded_length(tokens: int, longest: int) -> tuple[int, int]:
+    """(chunk, tokens padded to whole chunks): what a chunked path runs, for counting its FLOPs."""
+    chunk = chunk_size(tokens, longest)
+    return chunk, -(-tokens // chunk) * chunk

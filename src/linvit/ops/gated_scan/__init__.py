@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from linvit.ops.backends import resolve_backend
-from linvit.ops.chunks import chunk_size
+from linvit.ops.chunks import chunk_size, padded_length
 from linvit.ops.gated_scan.chunked import chunked_scan
 from linvit.ops.gated_scan.definition import (  # noqa: F401  (the definition's names, here too)
     CHUNK,
@@ -78,8 +78,7 @@ def chunked_core_flops(tokens: int, dk: int, dv: int, scalar: bool = False) -> f
     2 C^2 Dk) and their product with V (2 C^2 Dv, once), and the cumulative log-gates as
     triangular matmuls (2 C^2 per channel and direction). The state recursion, decays and masks
     are elementwise."""
-    chunk = chunk_size(tokens, CHUNK)
-    padded = -(-tokens // chunk) * chunk
+    chunk, padded = padded_length(tokens, CHUNK)
     channels = 1 if scalar else dk
     scores = (1 if scalar else 2) * 2.0 * chunk * dk
     return padded * (8.0 * dk * dv + scores + 2.0 * chunk * dv + 4.0 * chunk * channels)
