@@ -185,6 +185,32 @@ def test_chunked_path_matches_the_reference_at_beta_near_one_in_float32():
 
 
 # --- the GPU path ------------------------------------------------------------------------------
+def fake_chunk_delta_rule(q, k, v, beta, scale=None, use_qk_l2norm_in_kernel=True, **unused):
+    """A causal delta rule in fla's layout (q, k, v [B, T, H, d], beta [B, T, H]), written as a
+    recurrence, so that the GPU path's stacking, flipping and averaging run on the CPU. It checks
+    what fla would need: its own layout, contiguous, beta in q's dtype, no second normalisation."""
+    assert q.dim() == 4 and beta.shape == q.shape[:3] and q.is_contiguous()
+    assert beta.dtype == q.dtype and use_qk_l2norm_in_kernel is False and not unused
+    state = q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3])
+    out = []
+    for t in range(q.shape[1]):
+        recalled = torch.einsum("bhk,bhkv->bhv", k[:, t], state)
+        u_t = beta[:, t, :, None] * (v[:, t] - recalled)
+        state = state + k[:, t, ..., None] * u_t[..., None, :]
+        out.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+    return torch.stack(out, 1), None
+
+
+def test_the_fla_path_stacks_and_flips_both_directions(monkeypatch):
+    """fla_scan with a stand-in kernel equals the reference: the backward betas must go to the
+    flipped half and its output must be flipped back (different betas per direction, dv != dk)."""
+    monkeypatch.setattr(dr_fla, "fla_kernel", lambda module, name: fake_chunk_delta_rule)
+    inputs = scan_inputs(n=13)
+    got = with_grads(lambda *t: dr_fla.fla_scan(*t, SCALE), inputs)
+    # fla_scan averages the halves in float32 (fla returns bf16): float32 rounding, no more
+    assert_all_close(got, with_grads(on_backend("reference"), inputs), tol=1e-6)
+
+
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 def test_triton_backend_without_fla_on_the_cpu_falls_back_once(caplog):
     dr_fla._warn_fallback.cache_clear()
