@@ -12,6 +12,8 @@ Variants, each timed over the same `--steps` batches in every repeat (order rota
   linvit eager     linvit.train.loop.train_one_epoch (meters, scheduler, checks) on the same model
   linvit compiled  the same with the objective under torch.compile (run.compile=<backend>)
   linvit fused     eager, with torch's fused AdamW kernel (fused=True)
+  linvit bf16      (CPU) eager under bf16 autocast, as run.amp trains on a CPU with AVX512-BF16
+                   or AMX (runs.runtime.native_bf16); on other CPUs bf16 is emulated and slower
 Prints each variant's median images/s with its range, the ratio to timm eager, and for the
 compiled step the compile time and its ratio over a cell of `--cell-steps` steps (the default
 grid's cell: 6,000 images in batches of 128). Measurements go to a dated page under docs/.
@@ -76,14 +78,14 @@ def timm_eager(args, batches):
     return run
 
 
-def linvit_step(args, batches, backend=None, **opt_kwargs):
+def linvit_step(args, batches, backend=None, bf16=None, **opt_kwargs):
     model, optimizer = build(args, **opt_kwargs)
     scheduler, _ = create_scheduler_v2(optimizer, sched="cosine", num_epochs=1000,
                                        step_on_epochs=False, updates_per_epoch=len(batches))
     module = ClassificationObjective(model, SMOOTHING)
     if backend:
         module = torch.compile(module, backend=backend)
-    amp = torch.bfloat16 if args.device == "cuda" else None
+    amp = torch.bfloat16 if args.device == "cuda" or bf16 else None
     rt, loader = Runtime(torch.device(args.device), amp_dtype=amp, progress=False), Batches(batches)
     params = [p for p in model.parameters() if p.requires_grad]
     epoch = iter(range(10**6))
@@ -123,6 +125,8 @@ def main() -> int:
     variants = {"timm eager": timm_eager(args, batches),
                 "linvit eager": linvit_step(args, batches),
                 "linvit fused": linvit_step(args, batches, fused=True)}
+    if args.device == "cpu":
+        variants["linvit bf16"] = linvit_step(args, batches, bf16=True)
     compiled = linvit_step(args, batches, backend=args.backend)
     compile_s = seconds(compiled)             # first pass: tracing and code generation included
     variants[f"linvit compiled ({args.backend})"] = compiled

@@ -177,7 +177,9 @@ COMMON_OPTIMIZERS = ("adamw", "adam", "sgd", "momentum", "lamb", "lion")
 class RunCfg:
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    amp: bool = True                  # bf16 autocast on CUDA; CPU runs stay in float32
+    # bf16 autocast of the training step where the device computes bf16 natively (CUDA, CPUs with
+    # AVX512-BF16 or AMX: runs.runtime.native_bf16); float32 elsewhere, and always when false
+    amp: bool = True
     # CPU threads of the job on this node, shared by its processes (--nproc) (None: torch's default)
     threads: int | None = None
     progress: bool = True
