@@ -12,8 +12,8 @@ Variants, each timed over the same `--steps` batches in every repeat (order rota
   linvit eager     linvit.train.loop.train_one_epoch (meters, scheduler, checks) on the same model
   linvit compiled  the same with the objective under torch.compile (run.compile=<backend>)
   linvit fused     eager, with torch's fused AdamW kernel (fused=True)
-  linvit bf16      (CPU) eager under bf16 autocast, as run.amp trains on a CPU with AVX512-BF16
-                   or AMX (runs.runtime.native_bf16); on other CPUs bf16 is emulated and slower
+  linvit bf16      (CPU) eager under bf16 autocast, as run.amp=auto trains on a CPU with
+                   AVX512-BF16 and no AMX (runs.runtime.bf16_pays)
 Prints each variant's median images/s with its range, the ratio to timm eager, and for the
 compiled step the compile time and its ratio over a cell of `--cell-steps` steps (the default
 grid's cell: 6,000 images in batches of 128). Measurements go to a dated page under docs/.

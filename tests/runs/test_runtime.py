@@ -1,64 +1,69 @@
-"""The run's precision: bf16 autocast of the training step where the device computes bf16 natively
-(run.amp), float32 elsewhere, and what a run records about it."""
+"""The run's precision (run.amp): bf16 autocast of the training step where it is faster (auto),
+on any device (true), or float32 (false); and what a run records about it."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from linvit.config import RunCfg
+from linvit.config import RunCfg, build
+from linvit.errors import ConfigError
 from linvit.runs.environment import environment
-from linvit.runs.runtime import native_bf16, setup_runtime
+from linvit.runs.runtime import bf16_pays, setup_runtime
 
-CPU_CHECKS = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-
-
-def cpu_features(monkeypatch, **supported):
-    """torch.cpu's checks answering as a CPU with the named features (the others: absent)."""
-    for name in CPU_CHECKS:
-        answer = supported.get(name, False)
-        monkeypatch.setattr(torch.cpu, name, lambda on=answer: on, raising=False)
+CPU_CHECKS = {"avx512_bf16": "_is_avx512_bf16_supported", "amx": "_is_amx_tile_supported"}
 
 
-@pytest.mark.parametrize("feature", CPU_CHECKS)
-def test_either_native_bf16_feature_makes_the_cpu_step_bf16(monkeypatch, feature):
-    cpu_features(monkeypatch, **{feature: True})
-    rt = setup_runtime(RunCfg(device="cpu"))
-    assert rt.amp_dtype == torch.bfloat16
+def cpu_with(monkeypatch, *features):
+    """torch.cpu's checks answering as a CPU with the named bf16 features."""
+    for feature, check in CPU_CHECKS.items():
+        monkeypatch.setattr(torch.cpu, check, lambda on=feature in features: on, raising=False)
+
+
+def precision(amp="auto"):
+    rt = setup_runtime(RunCfg(device="cpu", amp=amp))
     with rt.autocast():
-        assert torch.is_autocast_enabled("cpu")
-        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+        on = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")
+    assert (on or None) == rt.amp_dtype
+    return rt.amp_dtype
 
 
-def test_a_cpu_that_would_emulate_bf16_trains_in_float32(monkeypatch):
-    cpu_features(monkeypatch)
-    rt = setup_runtime(RunCfg(device="cpu"))
-    assert rt.amp_dtype is None
-    with rt.autocast():
-        assert not torch.is_autocast_enabled("cpu")
+@pytest.mark.parametrize("features, auto", [(("avx512_bf16",), torch.bfloat16),
+                                            (("avx512_bf16", "amx"), None), ((), None)],
+                         ids=["avx512-bf16", "amx", "no-bf16"])
+def test_auto_is_bf16_only_where_it_was_measured_faster(monkeypatch, features, auto):
+    cpu_with(monkeypatch, *features)
+    assert precision("auto") == auto
+    assert precision(True) == torch.bfloat16        # asked for: on any CPU
+    assert precision(False) is None
 
 
-def test_amp_false_is_float32_on_any_cpu(monkeypatch):
-    cpu_features(monkeypatch, _is_avx512_bf16_supported=True, _is_amx_tile_supported=True)
-    assert setup_runtime(RunCfg(device="cpu", amp=False)).amp_dtype is None
+def test_auto_is_the_default():
+    assert RunCfg().amp == "auto"
 
 
-def test_a_torch_without_the_cpu_checks_means_no_native_bf16(monkeypatch):
-    for name in CPU_CHECKS:
-        monkeypatch.delattr(torch.cpu, name, raising=False)
-    assert native_bf16(torch.device("cpu")) is False
+def test_a_torch_without_the_cpu_checks_means_float32(monkeypatch):
+    for check in CPU_CHECKS.values():
+        monkeypatch.delattr(torch.cpu, check, raising=False)
+    assert bf16_pays(torch.device("cpu")) is False
+
+
+@pytest.mark.parametrize("value", [1, 0, "bf16", None])
+def test_amp_takes_auto_true_or_false_only(value):
+    with pytest.raises(ConfigError, match=r"run\.amp"):
+        build(RunCfg, {"amp": value}, "run.").validate("run")
 
 
 def test_the_run_records_what_decided_its_precision(monkeypatch):
-    cpu_features(monkeypatch, _is_amx_tile_supported=True)
-    assert environment()["cpu_bf16"] is True
-    cpu_features(monkeypatch)
+    cpu_with(monkeypatch, "avx512_bf16")
     env = environment()
-    assert env["cpu_bf16"] is False
+    assert (env["cpu_avx512_bf16"], env["cpu_amx"]) == (True, False)
+    cpu_with(monkeypatch, "amx")
+    assert (environment()["cpu_avx512_bf16"], environment()["cpu_amx"]) == (False, True)
     assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
 def test_setup_logs_the_precision(monkeypatch, caplog):
-    cpu_features(monkeypatch, _is_avx512_bf16_supported=True)
+    cpu_with(monkeypatch, "avx512_bf16")
     with caplog.at_level("INFO", logger="linvit"):
         setup_runtime(RunCfg(device="cpu"))
     assert "bf16 autocast on cpu" in caplog.text

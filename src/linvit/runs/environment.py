@@ -12,13 +12,13 @@ def environment() -> dict:
     import timm
     import torch
 
-    from linvit.runs.runtime import native_bf16
+    from linvit.runs.runtime import cpu_features
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "timm": timm.__version__,
             "platform": platform.platform(), "cuda": torch.cuda.is_available(),
-            # with run.amp, whether a CPU run trained under bf16 autocast (runtime.native_bf16)
+            # with run.amp, what decides whether a CPU run trained in bf16 (runtime.bf16_pays)
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cpu_bf16": native_bf16(torch.device("cpu")),
+            **{f"cpu_{name}": on for name, on in cpu_features().items()},
             "processes": int(os.environ.get("WORLD_SIZE", "1")),     # torch.distributed world
             "threads": torch.get_num_threads(),                      # of each process
             # the devices and cluster job it ran in: a SLURM job's allocation, seen from inside

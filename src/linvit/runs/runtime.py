@@ -94,22 +94,34 @@ def setup_runtime(run_cfg) -> Runtime:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
     check_compile_backend(run_cfg.compile)
-    amp = torch.bfloat16 if run_cfg.amp and native_bf16(device) else None
+    amp = amp_dtype(run_cfg.amp, device)
     log.info("training step in %s on %s", "bf16 autocast" if amp else "float32", device)
     return Runtime(device, rank, world, local_rank, amp, run_cfg.seed, run_cfg.progress,
                    run_cfg.compile)
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether `device` computes bf16 matrix products natively, where bf16 autocast pays: CUDA
-    (bf16 since Ampere; older GPUs emulate it), and CPUs with AVX512-BF16 or AMX, on which oneDNN
-    runs a training step 1.5-2.3x faster than in float32 (docs/2026-12-04-cpu-bf16.md). Other
-    CPUs would emulate bf16, slower than float32, so they train in float32."""
+def bf16_pays(device: torch.device) -> bool:
+    """Whether bf16 autocast speeds the training step up on `device` (run.amp=auto): on CUDA where
+    bf16 is native (Ampere on; older GPUs emulate it); on a CPU with AVX512-BF16 and no AMX, where
+    the step ran 1.5-2.1x faster than in float32 (docs/2026-12-04-cpu-bf16.md). On an AMX CPU the
+    one measurement found it slower (docs/2026-12-03-default-grid-two-seeds.md), and CPUs without
+    bf16 instructions emulate it: float32 there, as before."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
-    cpu = getattr(torch, "cpu", None)            # torch.cpu's checks are private: absent -> no
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(cpu, name, lambda: False)() for name in checks)
+    features = cpu_features()
+    return features["avx512_bf16"] and not features["amx"]
+
+
+def cpu_features() -> dict[str, bool]:
+    """The CPU's bf16 instructions as torch.cpu reports them (private checks: absent -> False)."""
+    checks = {"avx512_bf16": "_is_avx512_bf16_supported", "amx": "_is_amx_tile_supported"}
+    cpu = getattr(torch, "cpu", None)
+    return {name: bool(getattr(cpu, check, lambda: False)()) for name, check in checks.items()}
+
+
+def amp_dtype(amp, device: torch.device) -> torch.dtype | None:
+    """run.amp: auto (bf16 where it pays), true (bf16 autocast on any device), false (float32)."""
+    return torch.bfloat16 if (bf16_pays(device) if amp == "auto" else amp) else None
 
 
 def check_compile_backend(backend: str | None, field: str = "run.compile") -> None:
