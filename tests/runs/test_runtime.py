@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from torch import nn
 
 from linvit.config import RunCfg, build
-from linvit.errors import ConfigError
+from linvit.errors import CheckpointError, ConfigError
 from linvit.runs.environment import environment
 from linvit.runs.runtime import bf16_pays, setup_runtime
+from linvit.runs.state import load_state, save_state
 
 CPU_CHECKS = {"avx512_bf16": "_is_avx512_bf16_supported", "amx": "_is_amx_tile_supported"}
 
@@ -66,4 +70,28 @@ def test_setup_logs_the_precision(monkeypatch, caplog):
     cpu_with(monkeypatch, "avx512_bf16")
     with caplog.at_level("INFO", logger="linvit"):
         setup_runtime(RunCfg(device="cpu"))
-    assert "bf16 autocast on cpu" in caplog.text
+    assert "bfloat16 autocast on cpu" in caplog.text
+
+
+def state_round_trip(tmp_path, saved: dict, resumed: dict):
+    model = nn.Linear(3, 2)
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3)
+    scheduler, _ = create_scheduler_v2(optimizer, sched="cosine", num_epochs=2)
+    save_state(tmp_path / "state.safetensors", model, optimizer, scheduler, 1, [], saved)
+    return load_state(tmp_path / "state.safetensors", model, optimizer, scheduler, resumed)
+
+
+def test_a_checkpoint_continues_only_in_the_precision_it_started_in(tmp_path):
+    """run.amp=auto decides by machine: a run moved to a machine that decides otherwise is refused
+    by name, not continued in another precision; another config stays 'another run'."""
+    run = {"model": {"size": "cpu64"}}
+    bf16, f32 = {**run, "precision": "bfloat16 autocast"}, {**run, "precision": "float32"}
+    assert state_round_trip(tmp_path, bf16, bf16) == (1, [])
+    assert state_round_trip(tmp_path, bf16, run) == (1, [])   # the run folder's check: config only
+    with pytest.raises(CheckpointError, match=r"trained in bfloat16 autocast.*continue in "
+                                              r"float32.*run\.amp"):
+        state_round_trip(tmp_path, bf16, f32)
+    with pytest.raises(CheckpointError, match="an unrecorded precision"):      # older checkpoints
+        state_round_trip(tmp_path, run, f32)
+    with pytest.raises(CheckpointError, match="another run"):
+        state_round_trip(tmp_path, bf16, {**bf16, "model": {"size": "cpu96"}})

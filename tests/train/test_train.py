@@ -14,6 +14,7 @@ from linvit.config import load_config
 from linvit.errors import RunDirError
 from linvit.io import read_json, read_jsonl
 from linvit.models.spec import ModelSpec
+from linvit.runs import runtime
 from linvit.train import trainer
 from linvit.train.config import PretrainConfig
 from linvit.train.stages import run_pretrain
@@ -41,6 +42,25 @@ RECIPE = ("aug.mixup=0.8", "aug.cutmix=1.0", "aug.reprob=0.25", "optim.layer_dec
           "optim.ema_decay=0.9")
 
 
+def cut_in_epoch_2(run, cfg, out, monkeypatch):
+    """`run` interrupted in its second epoch: a checkpoint after the first, no result."""
+    real, calls = trainer.train_one_epoch, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("simulated interrupt in epoch 2")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_one_epoch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, out)
+    assert (out / "checkpoint.safetensors").is_file()
+    assert not (out / "metrics.json").exists()    # never taken for a result
+    assert len(read_jsonl(out / "train.jsonl")) == 1
+    monkeypatch.setattr(trainer, "train_one_epoch", real)
+
+
 @pytest.mark.parametrize("stage", ["pretrain", "finetune", "finetune+recipe"])
 def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_path, monkeypatch,
                                                              stage):
@@ -56,23 +76,7 @@ def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_pat
                            "model.drop_path=0.1", "optim.epochs=2",
                            *(RECIPE if stage.endswith("recipe") else ()))
     full = run(cfg, tmp_path / "full")
-
-    real, calls = trainer.train_one_epoch, []
-
-    def interrupted(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt("simulated interrupt in epoch 2")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(trainer, "train_one_epoch", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run(cfg, tmp_path / "cut")
-    assert (tmp_path / "cut" / "checkpoint.safetensors").is_file()
-    assert not (tmp_path / "cut" / "metrics.json").exists()    # never taken for a result
-    assert len(read_jsonl(tmp_path / "cut" / "train.jsonl")) == 1
-    monkeypatch.setattr(trainer, "train_one_epoch", real)
-
+    cut_in_epoch_2(run, cfg, tmp_path / "cut", monkeypatch)
     resumed = run(cfg, tmp_path / "cut")
     for key in ("top1", "top5", "loss", "per_class_acc"):
         assert resumed[key] == full[key], key
@@ -126,6 +130,24 @@ def test_compiled_training_step_matches_eager(mnist_root, tmp_path, monkeypatch)
     # the checkpoint keeps the plain module's tensor names (no _orig_mod. prefix)
     assert load_file(tmp_path / "compiled" / "model.safetensors").keys() == \
         load_file(tmp_path / "eager" / "model.safetensors").keys()
+
+
+def test_a_run_resumed_on_another_machine_keeps_the_precision_it_started_in(
+        mnist_root, tmp_path, monkeypatch, caplog):
+    """run.amp=auto is decided by the machine: a run cut in bf16 and resumed where auto would
+    choose float32 goes on in bf16 (said in the log) and ends as the uninterrupted bf16 run."""
+    cfg = pretrain_cfg(mnist_root, "optim.epochs=2")
+    monkeypatch.setattr(runtime, "bf16_pays", lambda device: True)
+    full = run_pretrain(cfg, tmp_path / "full")
+    cut_in_epoch_2(run_pretrain, cfg, tmp_path / "cut", monkeypatch)
+    monkeypatch.setattr(runtime, "bf16_pays", lambda device: False)
+    with caplog.at_level("WARNING", logger="linvit"):
+        resumed = run_pretrain(cfg, tmp_path / "cut")
+    assert "continuing in bfloat16 autocast, as this run started" in caplog.text
+    for key in ("top1", "loss", "per_class_acc"):
+        assert resumed[key] == full[key], key
+    fresh = run_pretrain(cfg, tmp_path / "fresh")              # this machine's own choice
+    assert fresh["loss"] != full["loss"]
 
 
 @pytest.mark.slow

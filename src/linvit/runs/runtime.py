@@ -19,6 +19,9 @@ from linvit.errors import ConfigError
 
 log = logging.getLogger("linvit")
 
+# Runtime.precision's words for each autocast dtype of the training step
+PRECISIONS = {"float32": None, "bfloat16 autocast": torch.bfloat16}
+
 
 @dataclass
 class Runtime:
@@ -30,6 +33,7 @@ class Runtime:
     seed: int = 0
     progress: bool = True
     compile: str | None = None     # torch.compile backend of the training step (trainer.fit)
+    amp_auto: bool = False         # run.amp=auto: the precision may follow a resumed checkpoint
 
     @property
     def is_main(self) -> bool:
@@ -38,6 +42,19 @@ class Runtime:
     @property
     def distributed(self) -> bool:
         return self.world > 1
+
+    @property
+    def precision(self) -> str:
+        """The training step's precision, in words (checkpoints record it)."""
+        return next(words for words, dtype in PRECISIONS.items() if dtype == self.amp_dtype)
+
+    def keep_precision(self, started: str | None) -> None:
+        """run.amp=auto is decided when a run starts: resumed, on any machine, the run goes on
+        in the precision it `started` in (a checkpoint's record), said in the log."""
+        if self.amp_auto and started in PRECISIONS and started != self.precision:
+            log.warning("run.amp=auto: continuing in %s, as this run started (this machine "
+                        "would choose %s)", started, self.precision)
+            self.amp_dtype = PRECISIONS[started]
 
     def autocast(self):
         if self.amp_dtype is None:
@@ -95,9 +112,10 @@ def setup_runtime(run_cfg) -> Runtime:
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
     check_compile_backend(run_cfg.compile)
     amp = amp_dtype(run_cfg.amp, device)
-    log.info("training step in %s on %s", "bf16 autocast" if amp else "float32", device)
-    return Runtime(device, rank, world, local_rank, amp, run_cfg.seed, run_cfg.progress,
-                   run_cfg.compile)
+    rt = Runtime(device, rank, world, local_rank, amp, run_cfg.seed, run_cfg.progress,
+                 run_cfg.compile, amp_auto=run_cfg.amp == "auto")
+    log.info("training step in %s on %s", rt.precision, device)
+    return rt
 
 
 def bf16_pays(device: torch.device) -> bool:

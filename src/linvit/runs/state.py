@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from linvit.errors import CheckpointError
@@ -57,10 +58,34 @@ def read_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str
     return tensors, meta
 
 
+def started_precision(path: str | Path) -> str | None:
+    """The precision the run of this training checkpoint trained in (None: not recorded). Read
+    from the header alone; load_state verifies the whole file when it resumes."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    return json.loads(meta.get("info", "{}")).get("precision")
+
+
 def check_identity(path: str | Path, meta: dict[str, str], identity: dict) -> None:
-    """CheckpointError unless the checkpoint was written by the run of this identity."""
-    if json.loads(meta["info"]) != json.loads(json.dumps(identity, sort_keys=True)):
-        raise CheckpointError(f"{path}: belongs to another run (written under another config)")
+    """CheckpointError unless the checkpoint was written by the run of this identity: its config
+    and, where `identity` names one, the precision its training step ran in (run.amp=auto decides
+    that by the machine, so a run moved to another machine may not continue in another precision
+    unnoticed)."""
+    saved, want = json.loads(meta["info"]), json.loads(json.dumps(identity, sort_keys=True))
+    if "precision" not in want:         # the run folder's check, before there is a runtime
+        saved = _without_precision(saved)
+    if saved == want:
+        return
+    if _without_precision(saved) == _without_precision(want):
+        raise CheckpointError(
+            f"{path}: trained in {saved.get('precision', 'an unrecorded precision')}; this "
+            f"process would continue in {want.get('precision')}: not continued in another "
+            "precision (run.amp=auto keeps the one a run started in; true or false fixes it)")
+    raise CheckpointError(f"{path}: belongs to another run (written under another config)")
+
+
+def _without_precision(identity: dict) -> dict:
+    return {k: v for k, v in identity.items() if k != "precision"}
 
 
 def load_state(path: str | Path, model: nn.Module, optimizer, scheduler,

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from linvit.errors import RunFailed
 from linvit.runs.rundir import RunDir
 from linvit.runs.runtime import Runtime, epoch_seed
-from linvit.runs.state import load_state, save_state
+from linvit.runs.state import load_state, save_state, started_precision
 from linvit.train.loop import train_one_epoch
 from linvit.trees import non_finite
 
@@ -45,13 +45,16 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
     whose last record holds the final evaluation (test_* keys; test_ema_* for the EMA `ema`,
     timm's ModelEmaV3 of `model`, updated after every step and scored by `evaluate_ema`).
 
-    The run's identity (its config without volatile fields) is stored in each checkpoint and must
-    match on resume, so a checkpoint is never continued under another config.
+    The run's identity (its config without volatile fields, and the training step's precision) is
+    stored in each checkpoint and must match on resume, so a checkpoint is never continued under
+    another config or in another precision.
     """
     optimizer, scheduler = build_optimizer(model, optim_cfg, len(train_loader))
     params = [p for p in model.parameters() if p.requires_grad]
-    identity = run.identity
     start, history = 0, []
+    if run.checkpoint.is_file():
+        rt.keep_precision(started_precision(run.checkpoint))
+    identity = {**run.identity, "precision": rt.precision}
     if run.checkpoint.is_file():
         start, history = load_state(run.checkpoint, model, optimizer, scheduler, identity, ema)
         log.info("resuming %s after epoch %d of %d", run.path, start, optim_cfg.epochs)
