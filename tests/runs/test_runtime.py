@@ -2,6 +2,8 @@
 on any device (true), or float32 (false); and what a run records about it."""
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 from timm.optim import create_optimizer_v2
@@ -10,7 +12,7 @@ from torch import nn
 
 from linvit.config import RunCfg, build
 from linvit.errors import CheckpointError, ConfigError
-from linvit.runs.environment import environment
+from linvit.runs.environment import cpu_model, environment
 from linvit.runs.runtime import bf16_pays, setup_runtime
 from linvit.runs.state import load_state, save_state
 
@@ -95,3 +97,12 @@ def test_a_checkpoint_continues_only_in_the_precision_it_started_in(tmp_path):
         state_round_trip(tmp_path, run, f32)
     with pytest.raises(CheckpointError, match="another run"):
         state_round_trip(tmp_path, bf16, {**bf16, "model": {"size": "cpu96"}})
+
+
+def test_the_run_records_its_cpu_model(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Some CPU @ 2.0GHz\n\n"
+                    "processor\t: 1\nmodel name\t: Some CPU @ 2.0GHz\n")
+    assert cpu_model(info) == "Some CPU @ 2.0GHz"
+    assert cpu_model(tmp_path / "absent") == platform.processor()
+    assert environment()["cpu"] == cpu_model()

@@ -17,6 +17,8 @@ def environment() -> dict:
     return {"python": sys.version.split()[0], "torch": torch.__version__, "timm": timm.__version__,
             "platform": platform.platform(), "cuda": torch.cuda.is_available(),
             # with run.amp, what decides whether a CPU run trained in bf16 (runtime.bf16_pays)
+            # the CPU model: cells of one study run on two CPU models differ by rounding alone
+            "cpu": cpu_model(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             **{f"cpu_{name}": on for name, on in cpu_features().items()},
             "processes": int(os.environ.get("WORLD_SIZE", "1")),     # torch.distributed world
@@ -24,6 +26,16 @@ def environment() -> dict:
             # the devices and cluster job it ran in: a SLURM job's allocation, seen from inside
             "cuda_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "slurm_job": os.environ.get("SLURM_JOB_ID")}
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo; elsewhere what `platform` says, maybe '')."""
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    return platform.processor()
 
 
 def log_to(path: Path) -> None:
