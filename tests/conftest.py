@@ -80,6 +80,17 @@ def perturb(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
 
 
 @pytest.fixture(autouse=True)
+def _cpu_without_bf16(monkeypatch):
+    """In-process runs train in float32 on every host, as on a CPU without bf16 instructions:
+    run.amp=auto would otherwise train in bf16 on some CI machines and not on others. Tests of
+    bf16 say so by patching the checks back (tests/runs/test_runtime.py). Subprocesses (CLI and
+    workflow tests) still decide by their host."""
+    from linvit.runs.runtime import CPU_CHECKS
+    for check in CPU_CHECKS.values():
+        monkeypatch.setattr(torch.cpu, check, lambda: False, raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _fresh_linvit_logging():
     """Each test starts like a fresh process: no linvit log handlers (a handler left by an earlier
     test would write to that test's captured, closed stderr)."""

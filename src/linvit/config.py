@@ -177,9 +177,10 @@ COMMON_OPTIMIZERS = ("adamw", "adam", "sgd", "momentum", "lamb", "lion")
 class RunCfg:
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    # bf16 autocast of the training step: auto (where it is faster: CUDA with native bf16, CPUs
-    # with AVX512-BF16 and no AMX; runs.runtime.bf16_pays), true (on any device), false (float32)
-    amp: Literal["auto", True, False] = "auto"
+    # the precision of training and evaluation: auto (bf16 autocast where it is faster: CUDA with
+    # native bf16, CPUs with AVX512-BF16 and no AMX; runs.runtime.bf16_pays), bf16 (autocast on
+    # any device) or float32. Not true/false: `true` meant float32 on CPUs before auto existed.
+    amp: Literal["auto", "bf16", "float32"] = "auto"
     # CPU threads of the job on this node, shared by its processes (--nproc) (None: torch's default)
     threads: int | None = None
     progress: bool = True
@@ -192,8 +193,6 @@ class RunCfg:
         in_range(f"{p}.seed", self.seed, 0, MAX_SEED)
         positive(f"{p}.threads", self.threads)
         positive(f"{p}.eval_every", self.eval_every, allow_zero=True)
-        if self.amp != "auto" and not isinstance(self.amp, bool):       # 1 == True passes one_of
-            raise ConfigError(f"{p}.amp: {self.amp!r} is not one of: auto, true, false")
         # device=cuda without CUDA is refused where the job runs (setup_runtime), not here: the
         # workflow builds every job's config on a submit host that may have no GPU
 

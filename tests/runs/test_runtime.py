@@ -1,5 +1,5 @@
-"""The run's precision (run.amp): bf16 autocast of the training step where it is faster (auto),
-on any device (true), or float32 (false); and what a run records about it."""
+"""The run's precision (run.amp): bf16 autocast where it is faster (auto), on any device (bf16),
+or none (float32); what a run records about it, and what its checkpoints hold it to."""
 from __future__ import annotations
 
 import platform
@@ -10,13 +10,13 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from torch import nn
 
-from linvit.config import RunCfg, build
+from linvit.config import RunCfg, build, load_config
 from linvit.errors import CheckpointError, ConfigError
 from linvit.runs.environment import cpu_model, environment
-from linvit.runs.runtime import bf16_pays, setup_runtime
+from linvit.runs.runtime import CPU_CHECKS, bf16_pays, setup_runtime
+from linvit.runs.stage import start_run
 from linvit.runs.state import load_state, save_state
-
-CPU_CHECKS = {"avx512_bf16": "_is_avx512_bf16_supported", "amx": "_is_amx_tile_supported"}
+from linvit.train.config import PretrainConfig
 
 
 def cpu_with(monkeypatch, *features):
@@ -39,8 +39,8 @@ def precision(amp="auto"):
 def test_auto_is_bf16_only_where_it_was_measured_faster(monkeypatch, features, auto):
     cpu_with(monkeypatch, *features)
     assert precision("auto") == auto
-    assert precision(True) == torch.bfloat16        # asked for: on any CPU
-    assert precision(False) is None
+    assert precision("bf16") == torch.bfloat16      # asked for: on any CPU
+    assert precision("float32") is None
 
 
 def test_auto_is_the_default():
@@ -53,8 +53,8 @@ def test_a_torch_without_the_cpu_checks_means_float32(monkeypatch):
     assert bf16_pays(torch.device("cpu")) is False
 
 
-@pytest.mark.parametrize("value", [1, 0, "bf16", None])
-def test_amp_takes_auto_true_or_false_only(value):
+@pytest.mark.parametrize("value", [True, False, 1, "fp16", None])
+def test_amp_takes_auto_bf16_or_float32_only(value):
     with pytest.raises(ConfigError, match=r"run\.amp"):
         build(RunCfg, {"amp": value}, "run.").validate("run")
 
@@ -68,11 +68,13 @@ def test_the_run_records_what_decided_its_precision(monkeypatch):
     assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
-def test_setup_logs_the_precision(monkeypatch, caplog):
+def test_a_stage_logs_and_records_its_precision(monkeypatch, caplog, tmp_path):
     cpu_with(monkeypatch, "avx512_bf16")
+    cfg = load_config(PretrainConfig, None, ["run.device=cpu", "run.progress=false"])
     with caplog.at_level("INFO", logger="linvit"):
-        setup_runtime(RunCfg(device="cpu"))
-    assert "bfloat16 autocast on cpu" in caplog.text
+        rt, run = start_run(cfg, tmp_path / "run", "pretrain")
+    assert "bfloat16 autocast on cpu (run.amp=auto)" in caplog.text
+    assert run.precision() == rt.precision == "bfloat16 autocast"       # metrics.json's
 
 
 def state_round_trip(tmp_path, saved: dict, resumed: dict):
@@ -91,10 +93,11 @@ def test_a_checkpoint_continues_only_in_the_precision_it_started_in(tmp_path):
     assert state_round_trip(tmp_path, bf16, bf16) == (1, [])
     assert state_round_trip(tmp_path, bf16, run) == (1, [])   # the run folder's check: config only
     with pytest.raises(CheckpointError, match=r"trained in bfloat16 autocast.*continue in "
-                                              r"float32.*run\.amp"):
+                                              r"float32.*--rerun"):
         state_round_trip(tmp_path, bf16, f32)
-    with pytest.raises(CheckpointError, match="an unrecorded precision"):      # older checkpoints
-        state_round_trip(tmp_path, run, f32)
+    for resumed in (f32, run):             # older checkpoints: the trainer's and the folder's check
+        with pytest.raises(CheckpointError, match="before linvit recorded the training precision"):
+            state_round_trip(tmp_path, run, resumed)
     with pytest.raises(CheckpointError, match="another run"):
         state_round_trip(tmp_path, bf16, {**bf16, "model": {"size": "cpu96"}})
 

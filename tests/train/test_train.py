@@ -156,7 +156,7 @@ def test_two_process_ddp_matches_one_process(mnist_root, tmp_path):
     bf16 autocast, on a CPU that has it, rounds the two batch splits differently)."""
     args = ["pretrain", "-o", None, f"data.root={mnist_root}", "data.batch_size=64",
             "data.train_subset=256", "optim.epochs=2", "optim.warmup_epochs=1",
-            "run.progress=false", "run.threads=1", "run.amp=false"]
+            "run.progress=false", "run.threads=1", "run.amp=float32"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     outs = {}
     for name, launcher in (("single", [sys.executable, "-m", "linvit.cli"]),

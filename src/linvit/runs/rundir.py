@@ -121,6 +121,7 @@ class RunDir:
         self.path = Path(out)
         self.stage, self.config, self.replace, self.is_main = stage, config, replace, is_main
         self.barrier = barrier                   # other processes wait while the main one writes
+        self.precision = lambda: None            # the runtime's, once a stage has one (start_run)
         self.checkpoint = self.path / "checkpoint.safetensors"
         self.model = self.path / "model.safetensors"
         self.metrics = self.path / "metrics.json"
@@ -288,8 +289,8 @@ class RunDir:
             if (self.path / name).is_file():
                 outputs[name] = sha256_file(self.path / name)
         inputs = input_digests(value for _, value in _path_leaves(self.config))
-        metrics = {**metrics, "stage": self.stage, "env": environment(), "outputs": outputs,
-                   "inputs": inputs}
+        metrics = {**metrics, "stage": self.stage, "precision": self.precision(),
+                   "env": environment(), "outputs": outputs, "inputs": inputs}
         write_json(self.metrics, metrics)
         self.checkpoint.unlink(missing_ok=True)
         log.info("finished: %s", self.metrics)

@@ -19,8 +19,10 @@ from linvit.errors import ConfigError
 
 log = logging.getLogger("linvit")
 
-# Runtime.precision's words for each autocast dtype of the training step
+# Runtime.precision's words for each autocast dtype of training and evaluation
 PRECISIONS = {"float32": None, "bfloat16 autocast": torch.bfloat16}
+# torch.cpu's (private) checks of the CPU's bf16 instructions, by the names runs record
+CPU_CHECKS = {"avx512_bf16": "_is_avx512_bf16_supported", "amx": "_is_amx_tile_supported"}
 
 
 @dataclass
@@ -46,7 +48,11 @@ class Runtime:
     @property
     def precision(self) -> str:
         """The training step's precision, in words (checkpoints record it)."""
-        return next(words for words, dtype in PRECISIONS.items() if dtype == self.amp_dtype)
+        for words, dtype in PRECISIONS.items():
+            if dtype == self.amp_dtype:
+                return words
+        raise ValueError(f"no words for autocast dtype {self.amp_dtype} (linvit uses "
+                         f"{', '.join(PRECISIONS)})")
 
     def keep_precision(self, started: str | None) -> None:
         """run.amp=auto is decided when a run starts: resumed, on any machine, the run goes on
@@ -112,10 +118,12 @@ def setup_runtime(run_cfg) -> Runtime:
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
     check_compile_backend(run_cfg.compile)
     amp = amp_dtype(run_cfg.amp, device)
-    rt = Runtime(device, rank, world, local_rank, amp, run_cfg.seed, run_cfg.progress,
-                 run_cfg.compile, amp_auto=run_cfg.amp == "auto")
-    log.info("training step in %s on %s", rt.precision, device)
-    return rt
+    if world > 1:      # auto decides per machine: every rank follows rank 0, as the record does
+        decided = torch.tensor([amp is not None], dtype=torch.int32, device=device)
+        dist.broadcast(decided, src=0)
+        amp = torch.bfloat16 if decided.item() else None
+    return Runtime(device, rank, world, local_rank, amp, run_cfg.seed, run_cfg.progress,
+                   run_cfg.compile, amp_auto=run_cfg.amp == "auto")
 
 
 def bf16_pays(device: torch.device) -> bool:
@@ -132,14 +140,13 @@ def bf16_pays(device: torch.device) -> bool:
 
 def cpu_features() -> dict[str, bool]:
     """The CPU's bf16 instructions as torch.cpu reports them (private checks: absent -> False)."""
-    checks = {"avx512_bf16": "_is_avx512_bf16_supported", "amx": "_is_amx_tile_supported"}
     cpu = getattr(torch, "cpu", None)
-    return {name: bool(getattr(cpu, check, lambda: False)()) for name, check in checks.items()}
+    return {name: bool(getattr(cpu, check, lambda: False)()) for name, check in CPU_CHECKS.items()}
 
 
-def amp_dtype(amp, device: torch.device) -> torch.dtype | None:
-    """run.amp: auto (bf16 where it pays), true (bf16 autocast on any device), false (float32)."""
-    return torch.bfloat16 if (bf16_pays(device) if amp == "auto" else amp) else None
+def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    """run.amp: auto (bf16 where it pays), bf16 (autocast on any device), float32 (none)."""
+    return torch.bfloat16 if (bf16_pays(device) if amp == "auto" else amp == "bf16") else None
 
 
 def check_compile_backend(backend: str | None, field: str = "run.compile") -> None:

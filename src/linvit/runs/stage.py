@@ -28,6 +28,8 @@ def start_run(cfg, out, stage: str, replace: bool = False) -> tuple[Runtime, Run
     rt = setup_runtime(cfg.run)
     seed_everything(cfg.run.seed)
     run.is_main, run.barrier = rt.is_main, rt.barrier
+    run.precision = lambda: rt.precision          # as it ends: a resume may have kept another
+    log.info("%s on %s (run.amp=%s)", rt.precision, rt.device, cfg.run.amp)
     return rt, run
 
 

@@ -72,15 +72,18 @@ def check_identity(path: str | Path, meta: dict[str, str], identity: dict) -> No
     that by the machine, so a run moved to another machine may not continue in another precision
     unnoticed)."""
     saved, want = json.loads(meta["info"]), json.loads(json.dumps(identity, sort_keys=True))
+    if "precision" not in saved:
+        raise CheckpointError(f"{path}: written before linvit recorded the training precision; "
+                              "not continued in a precision it may not have had")
     if "precision" not in want:         # the run folder's check, before there is a runtime
         saved = _without_precision(saved)
     if saved == want:
         return
     if _without_precision(saved) == _without_precision(want):
         raise CheckpointError(
-            f"{path}: trained in {saved.get('precision', 'an unrecorded precision')}; this "
+            f"{path}: trained in {saved['precision']}; this "
             f"process would continue in {want.get('precision')}: not continued in another "
-            "precision (run.amp=auto keeps the one a run started in; true or false fixes it)")
+            "precision (--rerun starts it over)")
     raise CheckpointError(f"{path}: belongs to another run (written under another config)")
 
 
