@@ -16,9 +16,9 @@ def environment() -> dict:
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "timm": timm.__version__,
             "platform": platform.platform(), "cuda": torch.cuda.is_available(),
-            # with run.amp, what decides whether a CPU run trained in bf16 (runtime.bf16_pays)
             # the CPU model: cells of one study run on two CPU models differ by rounding alone
             "cpu": cpu_model(),
+            # with run.amp, what decides whether a CPU run trained in bf16 (runtime.bf16_pays)
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             **{f"cpu_{name}": on for name, on in cpu_features().items()},
             "processes": int(os.environ.get("WORLD_SIZE", "1")),     # torch.distributed world

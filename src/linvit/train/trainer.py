@@ -52,10 +52,11 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
     optimizer, scheduler = build_optimizer(model, optim_cfg, len(train_loader))
     params = [p for p in model.parameters() if p.requires_grad]
     start, history = 0, []
-    if run.checkpoint.is_file():
+    resuming = run.checkpoint.is_file()
+    if resuming:
         rt.keep_precision(started_precision(run.checkpoint))
     identity = {**run.identity, "precision": rt.precision}
-    if run.checkpoint.is_file():
+    if resuming:
         start, history = load_state(run.checkpoint, model, optimizer, scheduler, identity, ema)
         log.info("resuming %s after epoch %d of %d", run.path, start, optim_cfg.epochs)
     module = objective
