@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from linvit.attention import OPERATORS
-from linvit.ops import backends
+from linvit.ops import backends, cpp_kernels
 from linvit.ops import linear_attention as dispatch
 from linvit.ops.backends import backend, resolve_backend, triton_available
 from linvit.ops.definitions import FEATURES
@@ -28,16 +29,30 @@ from kernel_cases import VARIANTS, assert_match, inputs, run
 HERE = Path(__file__).parent
 
 
+@pytest.fixture(params=["cpp", "fused"])
+def cpu_path(request, monkeypatch):
+    """The torch backend's two CPU implementations: linvit's C++ kernel, and the fused PyTorch
+    Function that runs where the kernel cannot be built. The kernel's cases fail, not skip, where
+    a compiler exists and the kernel still does not load."""
+    if request.param == "fused":
+        monkeypatch.setattr(cpp_kernels, "load", lambda: False)
+    elif shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler to build linvit's CPU kernel")
+    else:
+        assert cpp_kernels.load(), cpp_kernels.status()
+    return request.param
+
+
 @pytest.mark.parametrize("kind,normalize", VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_torch_matches_reference(kind, normalize, dtype):
+def test_fused_torch_matches_reference(kind, normalize, dtype, cpu_path):
     qkv, grad = inputs((2, 3, 63, 24), 40, dtype=dtype, kind=kind, normalize=normalize)
     want = run("reference", qkv, grad, kind, normalize)
     got = run("torch", qkv, grad, kind, normalize)
     assert_match(got, want, rtol=1e-5 if dtype == torch.float32 else 2e-2)
 
 
-def test_fused_torch_is_float64_exact_where_the_reference_is():
+def test_fused_torch_is_float64_exact_where_the_reference_is(cpu_path):
     """Both compute in float32; with float64 inputs they must still agree to float32 precision,
     and the output keeps the input dtype."""
     qkv, grad = inputs((1, 2, 17, 8), 8, dtype=torch.float64)
@@ -46,7 +61,7 @@ def test_fused_torch_is_float64_exact_where_the_reference_is():
     assert_match(got, run("reference", qkv, grad, "elu1", True))
 
 
-def test_elu_gradient_at_zero_and_far_below():
+def test_elu_gradient_at_zero_and_far_below(cpu_path):
     """elu'(0) = 1 and elu'(-100) = exp(-100) ~ 0: the fused backward reads both off phi."""
     q = torch.tensor([0.0, -100.0, 2.0]).reshape(1, 1, 3, 1).expand(1, 1, 3, 16).contiguous()
     qkv = [q, torch.ones_like(q), torch.randn(1, 1, 3, 16)]
@@ -65,7 +80,7 @@ def test_auto_backend_on_cpu_is_the_fused_path_and_names_are_checked():
 
 
 @pytest.mark.parametrize("name", list(OPERATORS))      # softmax too: it must ignore the backend
-def test_every_operator_mixes_alike_on_every_cpu_backend(name):
+def test_every_operator_mixes_alike_on_every_cpu_backend(name, cpu_path):
     """Off their init (zero gate weights would make the gates' gradient paths trivially alike),
     and the operator's own parameters' gradients compared too."""
     torch.manual_seed(0)

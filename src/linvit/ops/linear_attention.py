@@ -6,7 +6,8 @@ map multiplying V, which map-level distillation needs and the tests compare agai
 
 The efficient path has three backends that must agree (tests/ops/test_kernels.py):
   reference  plain einsum + autograd: the readable definition;
-  torch      one fused autograd Function in bmm (linvit.ops.fused_torch): the CPU default;
+  torch      the CPU default: linvit's C++ kernel (linvit.ops.cpp_kernels) where it builds, else
+             one fused autograd Function in bmm (linvit.ops.fused_torch); both are tested;
   triton     fused kernels (linvit.ops.triton_kernels): the CUDA default, for head dims up to
              its MAX_HEAD_DIM (wider heads take the torch path, with a warning).
 `backend("name")` forces one (benchmarks and tests); "auto" picks by device.
@@ -22,6 +23,7 @@ import logging
 
 import torch
 
+from linvit.ops import cpp_kernels
 from linvit.ops.backends import resolve_backend
 from linvit.ops.definitions import FEATURES, NORMALISER_EPS, feature
 from linvit.ops.fused_torch import fused_linear_attention
@@ -73,6 +75,8 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: st
         return triton_linear_attention(q, k, v, kind, normalize, eps)
     if name == "reference":
         return _reference(q, k, v, kind, normalize, eps)
+    if not q.is_cuda and cpp_kernels.load():
+        return cpp_kernels.cpp_linear_attention(q, k, v, kind, normalize, eps)
     return fused_linear_attention(q, k, v, kind, normalize, eps)
 
 

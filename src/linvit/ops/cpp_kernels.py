@@ -1,0 +1,142 @@
+"""linvit's C++ CPU kernel for linear attention (csrc/linear_attention.cpp), built on first use.
+
+Why a C++ kernel: on the CPU, the fused PyTorch path (fused_torch.py) spends about half its time
+in memory-bound passes over (N, d) tensors around its matrix products (feature maps, their
+derivatives, the normaliser). The kernel works on blocks of rows while they sit in cache, one
+(head, block) per task, and calls BLAS once per block product; the measured gain is in
+docs/2026-12-05-cpp-linear-attention.md. Same formulas as fused_torch.py, held to the einsum
+reference by tests/ops/test_kernels.py.
+
+Building: torch.utils.cpp_extension compiles it once (about 10 s) into
+`$LINVIT_CACHE/cpp/<key>` (default ~/.cache/linvit), the key covering the source, torch, Python
+and the CPU (it is compiled for the CPU it runs on); `./scripts/setup.sh` builds it ahead. It
+needs a C++ compiler with OpenMP and the BLAS that torch's wheels export (MKL on x86). Where it
+cannot be built or loaded, or with LINVIT_CPP=0, the fused PyTorch path runs instead: the reason
+is logged once, and `status()` says which path runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("linvit")
+
+SOURCE = Path(__file__).parent / "csrc" / "linear_attention.cpp"
+# -ffast-math at compile time only (not at link, which would set flush-to-zero process-wide):
+# it lets GCC call glibc's vectorised exp. -fopenmp at compile time only: at::parallel_for's
+# OpenMP pragmas then run on torch's own OpenMP runtime, which the kernel links through torch.
+CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
+ROWS = 512           # rows per task: a block of q, k, v and its buffers stay in L2
+FEATURE_CODES = {"identity": 0, "elu1": 1}
+
+_STATE: dict[str, object] = {}     # "ok": bool, "reason": why not
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LINVIT_CACHE", Path.home() / ".cache" / "linvit"))
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def build_key() -> str:
+    """What the binary depends on: the source, the flags, torch, Python and the CPU."""
+    parts = [SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode(),
+             sys.version.encode(), platform.machine().encode(), _cpu_name().encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def load() -> bool:
+    """Build (once) and load the kernel; False, with the reason logged once, where it cannot."""
+    if "ok" in _STATE:
+        return bool(_STATE["ok"])
+    if os.environ.get("LINVIT_CPP", "1") == "0":
+        return _unavailable("LINVIT_CPP=0", quiet=True)
+    try:
+        _build()
+    except Exception as exc:                 # no compiler, no OpenMP, no BLAS symbols, ...
+        return _unavailable(f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}")
+    _STATE["ok"] = True
+    return True
+
+
+def _build() -> None:
+    from torch.utils import cpp_extension
+    key = build_key()
+    directory = cache_dir() / "cpp" / key
+    directory.mkdir(parents=True, exist_ok=True)
+    if not any(directory.glob("*.so")):
+        log.info("building linvit's C++ CPU kernel for linear attention (once, ~10 s) in %s",
+                 directory)
+    cpp_extension.load(name=f"linvit_cpu_{key}", sources=[str(SOURCE)], extra_cflags=CFLAGS,
+                       build_directory=str(directory), is_python_module=False, verbose=False)
+    _register_fake()
+
+
+def _unavailable(reason: str, quiet: bool = False) -> bool:
+    _STATE.update(ok=False, reason=reason)
+    (log.info if quiet else log.warning)(
+        "linear attention: C++ CPU kernel not used (%s); using the fused PyTorch path", reason)
+    return False
+
+
+def status() -> str:
+    """Which CPU path linear attention runs, for logs and benchmark records."""
+    return "C++ kernel" if load() else f"fused PyTorch ({_STATE.get('reason')})"
+
+
+def _register_fake() -> None:
+    """Shapes for torch.compile's tracing: the ops are opaque to it, as any extension's are."""
+    lib = "linvit_cpu::"
+
+    @torch.library.register_fake(lib + "linear_forward")
+    def _(q, k, v, kind, normalize, eps, rows):
+        bh, _, dk = q.shape
+        dv = v.shape[-1]
+        z = q.new_empty(bh, dk) if normalize else q.new_empty(0)
+        return q.new_empty(bh, q.shape[1], dv), q.new_empty(bh, dk, dv), z
+
+    @torch.library.register_fake(lib + "linear_backward")
+    def _(g, q, k, v, out, s, z, kind, normalize, eps, rows):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+class CppLinearAttention(torch.autograd.Function):
+    """The kernel's forward and backward on (B*H, N, d) float32 views; q, k, v, the output, S
+    and z are kept for backward, where the feature maps are recomputed."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kind: str, normalize: bool, eps: float):
+        shape, dtype = q.shape[:-2], v.dtype
+        q3, k3, v3 = (t.float().reshape(-1, *t.shape[-2:]).contiguous() for t in (q, k, v))
+        out, s, z = torch.ops.linvit_cpu.linear_forward(q3, k3, v3, FEATURE_CODES[kind],
+                                                        normalize, eps, ROWS)
+        ctx.save_for_backward(q3, k3, v3, out, s, z)
+        ctx.args = (kind, normalize, eps, (q.shape, k.shape, v.shape), (q.dtype, k.dtype, dtype))
+        return out.view(*shape, *out.shape[-2:]).to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q3, k3, v3, out, s, z = ctx.saved_tensors
+        kind, normalize, eps, shapes, dtypes = ctx.args
+        g = grad.float().reshape(out.shape).contiguous()
+        grads = torch.ops.linvit_cpu.linear_backward(g, q3, k3, v3, out, s, z, FEATURE_CODES[kind],
+                                                     normalize, eps, ROWS)
+        return (*(d.view(sh).to(dt) for d, sh, dt in zip(grads, shapes, dtypes)), None, None, None)
+
+
+def cpp_linear_attention(q, k, v, kind: str, normalize: bool, eps: float) -> torch.Tensor:
+    return CppLinearAttention.apply(q, k, v, kind, normalize, eps)

@@ -1,0 +1,126 @@
+"""linvit's C++ CPU kernel for linear attention: awkward shapes against the reference, how it is
+chosen, built and refused. (The cases every CPU path shares run on it in test_kernels.py.)"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import pytest
+import torch
+
+from linvit.ops import cpp_kernels
+from linvit.ops.backends import backend
+from linvit.ops.linear_attention import linear_attention
+
+from kernel_cases import VARIANTS, assert_match, inputs, run
+
+needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None,
+                                    reason="no C++ compiler to build linvit's CPU kernel")
+
+
+@pytest.fixture
+def fresh_state(monkeypatch):
+    """load() asks again from scratch; the process's answer is restored afterwards."""
+    monkeypatch.setattr(cpp_kernels, "_STATE", {})
+
+
+@needs_compiler
+def test_the_cpu_default_runs_the_kernel():
+    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
+    with backend("torch"):
+        out = linear_attention(q, k, v, "elu1")
+    assert type(out.grad_fn).__name__ == "CppLinearAttentionBackward"
+
+
+@needs_compiler
+@pytest.mark.parametrize("kind,normalize", VARIANTS)
+@pytest.mark.parametrize("shape,dv,rows", [
+    ((1, 1, 1, 8), 8, 4),            # one token
+    ((2, 3, 37, 24), 40, 8),         # tokens not a multiple of the block, Dk != Dv
+    ((1, 2, 16, 16), 16, 16),        # exactly one block
+    ((3, 1, 70, 5), 3, 512),         # narrow heads, one block shorter than the default
+])
+def test_kernel_matches_reference_on_awkward_shapes(monkeypatch, kind, normalize, shape, dv,
+                                                    rows):
+    monkeypatch.setattr(cpp_kernels, "ROWS", rows)
+    qkv, grad = inputs(shape, dv, kind=kind, normalize=normalize, seed=3)
+    assert_match(run("torch", qkv, grad, kind, normalize),
+                 run("reference", qkv, grad, kind, normalize))
+
+
+@needs_compiler
+def test_kernel_takes_strided_and_half_precision_inputs():
+    """q, k, v as a qkv projection splits them (non-contiguous), and bf16 as autocast gives them:
+    computed in float32, returned in the input's dtype."""
+    qkv = torch.randn(2, 30, 3, 4, 16).permute(2, 0, 3, 1, 4)        # (3, B, H, N, d), strided
+    q, k, v = qkv.unbind(0)
+    grad = torch.randn(2, 4, 30, 16)
+    assert not q.is_contiguous()
+    assert_match(run("torch", [q, k, v], grad, "elu1", True),
+                 run("reference", [q, k, v], grad, "elu1", True))
+    half = [t.bfloat16() for t in (q, k, v)]
+    got = run("torch", half, grad.bfloat16(), "elu1", True)
+    assert all(t.dtype == torch.bfloat16 for t in got)
+    assert_match(got, run("reference", half, grad.bfloat16(), "elu1", True), rtol=2e-2)
+
+
+@needs_compiler
+def test_kernel_compiles_into_a_model_graph():
+    """torch.compile traces forward and backward through the ops (AOT autograd, on their fake
+    kernels) in one graph, with the eager results."""
+    def step(fn):
+        leaves = [t.clone().requires_grad_() for t in qkv]
+        out = fn(*leaves)
+        return out, *torch.autograd.grad(out.square().sum(), leaves)
+    qkv = [torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 12)]
+    torch._dynamo.reset()
+    with backend("torch"):
+        want = step(lambda q, k, v: linear_attention(q, k, v, "elu1"))
+        got = step(torch.compile(lambda q, k, v: linear_attention(q, k, v, "elu1"),
+                                 backend="aot_eager", fullgraph=True))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_linvit_cpp_0_keeps_the_fused_pytorch_path(monkeypatch, fresh_state):
+    monkeypatch.setenv("LINVIT_CPP", "0")
+    monkeypatch.setattr(cpp_kernels, "_build", lambda: pytest.fail("must not build"))
+    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
+    with backend("torch"):
+        out = linear_attention(q, k, v, "elu1")
+    assert type(out.grad_fn).__name__ == "FusedLinearAttentionBackward"
+    assert cpp_kernels.status() == "fused PyTorch (LINVIT_CPP=0)"
+
+
+def test_a_kernel_that_cannot_build_falls_back_and_says_why_once(monkeypatch, fresh_state,
+                                                                  caplog):
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise RuntimeError("Error building extension 'linvit_cpu'\nc++: not found")
+    monkeypatch.setattr(cpp_kernels, "_build", broken)
+    qkv, grad = inputs((1, 2, 9, 8), 8)
+    with caplog.at_level(logging.WARNING, logger="linvit"):
+        got = [run("torch", qkv, grad, "elu1", True) for _ in range(3)]
+    assert len(calls) == 1                                   # tried once per process
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "c++: not found" in warned[0] and "fused PyTorch" in warned[0]
+    assert_match(got[0], run("reference", qkv, grad, "elu1", True))
+
+
+def test_build_key_follows_the_source_torch_and_cpu(monkeypatch, tmp_path):
+    """A binary is never loaded for another source, torch or CPU than it was compiled for."""
+    key = cpp_kernels.build_key()
+    assert cpp_kernels.build_key() == key
+    with monkeypatch.context() as m:
+        m.setattr(cpp_kernels, "_cpu_name", lambda: "another CPU")
+        assert cpp_kernels.build_key() != key
+    with monkeypatch.context() as m:
+        m.setattr(torch, "__version__", "0.0.0")
+        assert cpp_kernels.build_key() != key
+    edited = tmp_path / "linear_attention.cpp"
+    edited.write_bytes(cpp_kernels.SOURCE.read_bytes() + b"\n// edited\n")
+    monkeypatch.setattr(cpp_kernels, "SOURCE", edited)
+    assert cpp_kernels.build_key() != key
