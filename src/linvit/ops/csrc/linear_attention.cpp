@@ -18,6 +18,7 @@
 #include <cmath>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 // BLAS as torch's x86 wheels export it (MKL's Fortran interface): one block's products run as
 // one plain call each, with none of at::mm's dispatch, checks and allocation per call, which
@@ -46,127 +47,156 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
 }
 
 constexpr int64_t kElu1 = 1;  // the feature map's code; 0 is the identity
+using T = float;              // linvit's cores compute in float32 (the Python side casts)
 
-// phi(x) row by row into `phi` (rows x d, contiguous), and phi'(x) into `dphi` if given.
-template <typename T>
-void features(const T* x, T* phi, T* dphi, int64_t count, int64_t kind) {
+// phi(x) for `count` values.
+void features(const T* x, T* phi, int64_t count, int64_t kind) {
   if (kind != kElu1) {
     std::copy(x, x + count, phi);
-    if (dphi) std::fill(dphi, dphi + count, T(1));
     return;
   }
-  for (int64_t i = 0; i < count; ++i) {  // elu(x) + 1 = exp(min(x, 0)) + max(x, 0)
-    T e = std::exp(std::min(x[i], T(0)));
-    phi[i] = e + std::max(x[i], T(0));
-    if (dphi) dphi[i] = e;  // its derivative, exp(min(x, 0))
-  }
+  for (int64_t i = 0; i < count; ++i)  // elu(x) + 1 = exp(min(x, 0)) + max(x, 0)
+    phi[i] = std::exp(std::min(x[i], T(0))) + std::max(x[i], T(0));
 }
 
-// The tasks: (head, block of rows), rows [lo, hi) of head h.
+// phi'(x) read off phi: exp(min(x, 0)) = min(phi, 1) for elu + 1; 1 for the identity.
+inline T slope(T phi, int64_t kind) { return kind == kElu1 ? std::min(phi, T(1)) : T(1); }
+
+// A scratch buffer per thread, reused across tasks and calls (no allocation per block).
+T* scratch(int slot, int64_t size) {
+  thread_local std::vector<T> buffers[3];
+  if ((int64_t)buffers[slot].size() < size) buffers[slot].resize(size);
+  return buffers[slot].data();
+}
+
+// The tasks: (head, block of rows), rows [lo, hi) of head h; `index` numbers the head's blocks.
 struct Blocks {
   int64_t heads, tokens, rows, count;
   Blocks(int64_t h, int64_t n, int64_t r) : heads(h), tokens(n), rows(r), count((n + r - 1) / r) {}
-  int64_t head(int64_t t) const { return t / count; }
-  int64_t lo(int64_t t) const { return (t % count) * rows; }
-  int64_t hi(int64_t t) const { return std::min(tokens, lo(t) + rows); }
 };
 
 template <typename F>
 void each_block(const Blocks& b, F fn) {
   at::parallel_for(0, b.heads * b.count, 1, [&](int64_t begin, int64_t end) {
     const int before = MKL_Set_Num_Threads_Local ? MKL_Set_Num_Threads_Local(1) : 0;
-    for (int64_t t = begin; t < end; ++t) fn(t, b.head(t), b.lo(t), b.hi(t));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t h = t / b.count, index = t % b.count, lo = index * b.rows;
+      fn(h, index, lo, std::min(b.tokens, lo + b.rows));
+    }
     if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(before);
   });
 }
 
 // (out, s, z): out (BH, N, Dv), s (BH, Dk, Dv), z (BH, Dk) (empty when not normalised).
-template <typename T>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t kind, bool normalize,
     double eps, int64_t rows) {
   const int64_t H = q.size(0), N = q.size(1), Dk = q.size(2), Dv = v.size(2);
   const Blocks b(H, N, rows);
   auto opts = q.options();
-  auto s_part = at::zeros({H, b.count, Dk, Dv}, opts);
+  auto s_part = at::empty({H, b.count, Dk, Dv}, opts);
   auto z_part = at::zeros({H, b.count, Dk}, opts);
-  each_block(b, [&](int64_t t, int64_t h, int64_t lo, int64_t hi) {
-    auto phi = at::empty({hi - lo, Dk}, opts);
-    features(k[h].data_ptr<T>() + lo * Dk, phi.data_ptr<T>(), (T*)nullptr, (hi - lo) * Dk, kind);
-    gemm<T>(true, false, Dk, Dv, hi - lo, phi.data_ptr<T>(), Dk, v[h].data_ptr<T>() + lo * Dv,
-            Dv, T(0), s_part[h][t % b.count].data_ptr<T>(), Dv);
-    T* zp = z_part[h][t % b.count].data_ptr<T>();
-    const T* f = phi.data_ptr<T>();
-    for (int64_t i = 0; i < hi - lo; ++i)
-      for (int64_t c = 0; c < Dk; ++c) zp[c] += f[i * Dk + c];
+  const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
+  T *sp = s_part.data_ptr<T>(), *zp = z_part.data_ptr<T>();
+  each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
+    const int64_t R = hi - lo, part = h * b.count + index;
+    T* phi = scratch(0, R * Dk);
+    features(kp + (h * N + lo) * Dk, phi, R * Dk, kind);
+    gemm<T>(true, false, Dk, Dv, R, phi, Dk, vp + (h * N + lo) * Dv, Dv, T(0),
+            sp + part * Dk * Dv, Dv);                                  // phi_k^T v
+    T* zs = zp + part * Dk;
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t c = 0; c < Dk; ++c) zs[c] += phi[i * Dk + c];
   });
   auto s = s_part.sum(1);
   auto z = normalize ? z_part.sum(1) : at::empty({0}, opts);
   auto out = at::empty({H, N, Dv}, opts);
-  each_block(b, [&](int64_t, int64_t h, int64_t lo, int64_t hi) {
-    auto phi = at::empty({hi - lo, Dk}, opts);
-    features(q[h].data_ptr<T>() + lo * Dk, phi.data_ptr<T>(), (T*)nullptr, (hi - lo) * Dk, kind);
-    T* op = out[h].data_ptr<T>() + lo * Dv;
-    gemm<T>(false, false, hi - lo, Dv, Dk, phi.data_ptr<T>(), Dk, s[h].data_ptr<T>(), Dv, T(0),
-            op, Dv);
+  const T *sh = s.data_ptr<T>(), *zh = normalize ? z.data_ptr<T>() : nullptr;
+  T* o = out.data_ptr<T>();
+  each_block(b, [&](int64_t h, int64_t, int64_t lo, int64_t hi) {
+    const int64_t R = hi - lo;
+    T *phi = scratch(0, R * Dk), *op = o + (h * N + lo) * Dv;
+    features(qp + (h * N + lo) * Dk, phi, R * Dk, kind);
+    gemm<T>(false, false, R, Dv, Dk, phi, Dk, sh + h * Dk * Dv, Dv, T(0), op, Dv);  // phi_q S
     if (!normalize) return;
-    const T *f = phi.data_ptr<T>(), *zh = z[h].data_ptr<T>();
-    for (int64_t i = 0; i < hi - lo; ++i) {
+    const T* zr = zh + h * Dk;
+    for (int64_t i = 0; i < R; ++i) {
       T den = T(eps);
-      for (int64_t c = 0; c < Dk; ++c) den += f[i * Dk + c] * zh[c];
-      for (int64_t c = 0; c < Dv; ++c) op[i * Dv + c] /= den;
+      for (int64_t c = 0; c < Dk; ++c) den += phi[i * Dk + c] * zr[c];
+      const T inv = T(1) / den;
+      for (int64_t c = 0; c < Dv; ++c) op[i * Dv + c] *= inv;
     }
   });
   return {out, s, z};
 }
 
-// The query side of backward for one block: dq rows, and this block's shares of dS and dz.
-template <typename T>
-void query_block(const at::Tensor& q, const at::Tensor& g, const at::Tensor& out,
-                 const at::Tensor& s, const at::Tensor& z, at::Tensor& dq, at::Tensor& ds_part,
-                 at::Tensor& dz_part, int64_t h, int64_t lo, int64_t hi, int64_t kind,
-                 bool normalize, double eps) {
-  const int64_t R = hi - lo, Dk = q.size(2), Dv = g.size(2);
-  auto opts = q.options();
-  auto phi = at::empty({R, Dk}, opts), dphi = at::empty({R, Dk}, opts);
-  features(q[h].data_ptr<T>() + lo * Dk, phi.data_ptr<T>(), dphi.data_ptr<T>(), R * Dk, kind);
-  at::Tensor dnum = g[h].slice(0, lo, hi);
-  auto dden = at::empty({R}, opts);
-  if (normalize) {  // dnum = g / den, dden = -(dnum . o): o is the normalised output
-    dnum = at::empty({R, Dv}, opts);
-    const T *f = phi.data_ptr<T>(), *zh = z[h].data_ptr<T>();
-    const T *gp = g[h].data_ptr<T>() + lo * Dv, *op = out[h].data_ptr<T>() + lo * Dv;
-    T *dn = dnum.data_ptr<T>(), *dd = dden.data_ptr<T>();
+// The pointers backward reads and writes, with the sizes.
+struct Grads {
+  const T *g, *q, *k, *v, *out, *s, *z;
+  T *dq, *dk, *dv, *ds_part, *dz_part;
+  int64_t N, Dk, Dv, count, kind;
+  bool normalize;
+  double eps;
+};
+
+// The query side of backward for one block: its dq rows, and its shares of dS and dz.
+void query_block(const Grads& a, int64_t h, int64_t index, int64_t lo, int64_t hi) {
+  const int64_t R = hi - lo, Dk = a.Dk, Dv = a.Dv, part = h * a.count + index;
+  T* phi = scratch(0, R * Dk);
+  features(a.q + (h * a.N + lo) * Dk, phi, R * Dk, a.kind);
+  const T *g = a.g + (h * a.N + lo) * Dv, *dn = g;
+  const T* z = a.normalize ? a.z + h * Dk : nullptr;
+  T* dden = scratch(2, R);
+  if (a.normalize) {  // dnum = g / den, dden = -(dnum . o): o is the normalised output
+    T* dnum = scratch(1, R * Dv);
+    const T* o = a.out + (h * a.N + lo) * Dv;
     for (int64_t i = 0; i < R; ++i) {
-      T den = T(eps), dot = T(0);
-      for (int64_t c = 0; c < Dk; ++c) den += f[i * Dk + c] * zh[c];
+      T den = T(a.eps), dot = T(0);
+      for (int64_t c = 0; c < Dk; ++c) den += phi[i * Dk + c] * z[c];
+      const T inv = T(1) / den;
       for (int64_t c = 0; c < Dv; ++c) {
-        dn[i * Dv + c] = gp[i * Dv + c] / den;
-        dot += dn[i * Dv + c] * op[i * Dv + c];
+        dnum[i * Dv + c] = g[i * Dv + c] * inv;
+        dot += dnum[i * Dv + c] * o[i * Dv + c];
       }
-      dd[i] = -dot;
+      dden[i] = -dot;
     }
+    dn = dnum;
   }
-  T* dqp = dq[h].data_ptr<T>() + lo * Dk;
-  const T* dn = dnum.data_ptr<T>();
-  gemm<T>(false, true, R, Dk, Dv, dn, Dv, s[h].data_ptr<T>(), Dv, T(0), dqp, Dk);  // dnum S^T
-  gemm<T>(true, false, Dk, Dv, R, phi.data_ptr<T>(), Dk, dn, Dv, T(0), ds_part.data_ptr<T>(),
-          Dv);                                                                   // phi^T dnum
-  const T* dp = dphi.data_ptr<T>();
-  if (normalize) {
-    const T *zh = z[h].data_ptr<T>(), *dd = dden.data_ptr<T>(), *f = phi.data_ptr<T>();
-    T* dzp = dz_part.data_ptr<T>();
-    for (int64_t i = 0; i < R; ++i)
-      for (int64_t c = 0; c < Dk; ++c) {
-        dzp[c] += f[i * Dk + c] * dd[i];
-        dqp[i * Dk + c] = (dqp[i * Dk + c] + dd[i] * zh[c]) * dp[i * Dk + c];
+  T* dq = a.dq + (h * a.N + lo) * Dk;
+  gemm<T>(false, true, R, Dk, Dv, dn, Dv, a.s + h * Dk * Dv, Dv, T(0), dq, Dk);  // dnum S^T
+  gemm<T>(true, false, Dk, Dv, R, phi, Dk, dn, Dv, T(0), a.ds_part + part * Dk * Dv,
+          Dv);                                                                  // phi^T dnum
+  T* dz = a.dz_part + part * Dk;
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t c = 0; c < Dk; ++c) {
+      const T f = phi[i * Dk + c];
+      T d = dq[i * Dk + c];
+      if (a.normalize) {
+        dz[c] += f * dden[i];
+        d += dden[i] * z[c];
       }
-  } else {
-    for (int64_t i = 0; i < R * Dk; ++i) dqp[i] *= dp[i];
-  }
+      dq[i * Dk + c] = d * slope(f, a.kind);
+    }
 }
 
-template <typename T>
+// The key side of backward for one block: its dk and dv rows, from the summed dS and dz.
+void key_block(const Grads& a, const T* ds, const T* dz, int64_t h, int64_t lo, int64_t hi) {
+  const int64_t R = hi - lo, Dk = a.Dk, Dv = a.Dv;
+  T* phi = scratch(0, R * Dk);
+  features(a.k + (h * a.N + lo) * Dk, phi, R * Dk, a.kind);
+  T* dk = a.dk + (h * a.N + lo) * Dk;
+  const T* dsh = ds + h * Dk * Dv;
+  gemm<T>(false, true, R, Dk, Dv, a.v + (h * a.N + lo) * Dv, Dv, dsh, Dv, T(0), dk,
+          Dk);                                                           // v dS^T (+ dz)
+  gemm<T>(false, false, R, Dv, Dk, phi, Dk, dsh, Dv, T(0), a.dv + (h * a.N + lo) * Dv,
+          Dv);                                                           // dv = phi_k dS
+  const T* dzh = dz + h * Dk;
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t c = 0; c < Dk; ++c)
+      dk[i * Dk + c] = (dk[i * Dk + c] + (a.normalize ? dzh[c] : T(0))) *
+                       slope(phi[i * Dk + c], a.kind);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(
     const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& s, const at::Tensor& z, int64_t kind,
@@ -177,26 +207,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(
   auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   auto ds_part = at::empty({H, b.count, Dk, Dv}, opts);
   auto dz_part = at::zeros({H, b.count, Dk}, opts);
-  each_block(b, [&](int64_t t, int64_t h, int64_t lo, int64_t hi) {
-    auto dsp = ds_part[h][t % b.count];
-    auto dzp = dz_part[h][t % b.count];
-    query_block<T>(q, g, out, s, z, dq, dsp, dzp, h, lo, hi, kind, normalize, eps);
+  const Grads a{g.data_ptr<T>(), q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(),
+                out.data_ptr<T>(), s.data_ptr<T>(), normalize ? z.data_ptr<T>() : nullptr,
+                dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>(), ds_part.data_ptr<T>(),
+                dz_part.data_ptr<T>(), N, Dk, Dv, b.count, kind, normalize, eps};
+  each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
+    query_block(a, h, index, lo, hi);
   });
-  auto ds = ds_part.sum(1);
-  auto dz = dz_part.sum(1);
-  each_block(b, [&](int64_t, int64_t h, int64_t lo, int64_t hi) {
-    const int64_t R = hi - lo;
-    auto phi = at::empty({R, Dk}, opts), dphi = at::empty({R, Dk}, opts);
-    features(k[h].data_ptr<T>() + lo * Dk, phi.data_ptr<T>(), dphi.data_ptr<T>(), R * Dk, kind);
-    T* dkp = dk[h].data_ptr<T>() + lo * Dk;
-    gemm<T>(false, true, R, Dk, Dv, v[h].data_ptr<T>() + lo * Dv, Dv, ds[h].data_ptr<T>(), Dv,
-            T(0), dkp, Dk);                                          // dphi_k = v dS^T (+ dz)
-    gemm<T>(false, false, R, Dv, Dk, phi.data_ptr<T>(), Dk, ds[h].data_ptr<T>(), Dv, T(0),
-            dv[h].data_ptr<T>() + lo * Dv, Dv);                      // dv = phi_k dS
-    const T *dp = dphi.data_ptr<T>(), *dzh = dz[h].data_ptr<T>();
-    for (int64_t i = 0; i < R; ++i)
-      for (int64_t c = 0; c < Dk; ++c)
-        dkp[i * Dk + c] = (dkp[i * Dk + c] + (normalize ? dzh[c] : T(0))) * dp[i * Dk + c];
+  auto ds = ds_part.sum(1), dz = dz_part.sum(1);
+  const T *dsp = ds.data_ptr<T>(), *dzp = dz.data_ptr<T>();
+  each_block(b, [&](int64_t h, int64_t, int64_t lo, int64_t hi) {
+    key_block(a, dsp, dzp, h, lo, hi);
   });
   return {dq, dk, dv};
 }
@@ -213,7 +234,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& q, cons
                                                        bool normalize, double eps, int64_t rows) {
   check(q, "q"), check(k, "k"), check(v, "v");
   TORCH_CHECK(rows > 0, "linvit linear attention: rows must be positive");
-  return forward_impl<float>(q, k, v, kind, normalize, eps, rows);
+  return forward_impl(q, k, v, kind, normalize, eps, rows);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
@@ -222,7 +243,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
     bool normalize, double eps, int64_t rows) {
   check(g, "grad"), check(q, "q"), check(k, "k"), check(v, "v"), check(out, "out");
   TORCH_CHECK(rows > 0, "linvit linear attention: rows must be positive");
-  return backward_impl<float>(g, q, k, v, out, s.contiguous(), z.contiguous(), kind, normalize,
+  return backward_impl(g, q, k, v, out, s.contiguous(), z.contiguous(), kind, normalize,
                               eps, rows);
 }
 
