@@ -4,6 +4,8 @@
 #     executor plugin, pandas, matplotlib and the test tools
 #   - with --dense, the OpenMMLab stack for the dense tasks (scripts/setup_openmmlab.sh: mmcv is
 #     compiled once, minutes on 2 cores, then reused from ~/.cache/linvit/wheels)
+#   - linvit's C++ CPU kernel for linear attention, compiled once (~10 s) into ~/.cache/linvit/cpp
+#     (optional: without a compiler the fused PyTorch path runs; linvit.ops.cpp_kernels)
 #   - Fashion-MNIST from Debian's dataset-fashion-mnist package, when missing and apt is usable
 # TORCH_SPEC overrides the torch pin, e.g. TORCH_SPEC="torch torchvision" for the newest.
 set -euo pipefail
@@ -22,6 +24,13 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q -e ".[workflow,test,data,slurm]"
   touch "$stamp"
 fi
+
+# Quick when already built (same source, torch and CPU); never fatal, the reason is printed.
+.venv/bin/python -c "
+import logging, sys
+logging.basicConfig(level=logging.INFO, format='[setup] %(message)s')
+from linvit.ops import cpp_kernels
+sys.exit(0 if cpp_kernels.load() else 1)" || echo "[setup] continuing without the C++ kernel"
 
 if [ "${1:-}" = "--dense" ]; then
   ./scripts/setup_openmmlab.sh

@@ -12,6 +12,7 @@ import torch
 from linvit.ops import cpp_kernels
 from linvit.ops.backends import backend
 from linvit.ops.linear_attention import linear_attention
+from linvit.runs.environment import environment
 
 from kernel_cases import VARIANTS, assert_match, inputs, run
 
@@ -93,6 +94,12 @@ def test_linvit_cpp_0_keeps_the_fused_pytorch_path(monkeypatch, fresh_state):
     assert cpp_kernels.status() == "fused PyTorch (LINVIT_CPP=0)"
 
 
+def test_status_says_what_ran_without_building(monkeypatch, fresh_state):
+    monkeypatch.setattr(cpp_kernels, "_build", lambda: pytest.fail("must not build"))
+    assert cpp_kernels.status() == "not used"
+    assert environment()["cpu_linear_attention"] == "not used"
+
+
 def test_a_kernel_that_cannot_build_falls_back_and_says_why_once(monkeypatch, fresh_state,
                                                                   caplog):
     calls = []
@@ -107,6 +114,7 @@ def test_a_kernel_that_cannot_build_falls_back_and_says_why_once(monkeypatch, fr
     assert len(calls) == 1                                   # tried once per process
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "c++: not found" in warned[0] and "fused PyTorch" in warned[0]
+    assert cpp_kernels.status().startswith("fused PyTorch (RuntimeError")
     assert_match(got[0], run("reference", qkv, grad, "elu1", True))
 
 

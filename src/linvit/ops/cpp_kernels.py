@@ -12,7 +12,7 @@ Building: torch.utils.cpp_extension compiles it once (about 10 s) into
 and the CPU (it is compiled for the CPU it runs on); `./scripts/setup.sh` builds it ahead. It
 needs a C++ compiler with OpenMP and the BLAS that torch's wheels export (MKL on x86). Where it
 cannot be built or loaded, or with LINVIT_CPP=0, the fused PyTorch path runs instead: the reason
-is logged once, and `status()` says which path runs.
+is logged once, and `status()` (metrics.json's env) says which path ran.
 """
 from __future__ import annotations
 
@@ -43,13 +43,8 @@ def cache_dir() -> Path:
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    from linvit.runs.environment import cpu_model
+    return cpu_model()
 
 
 def build_key() -> str:
@@ -74,6 +69,8 @@ def load() -> bool:
 
 
 def _build() -> None:
+    # its import warns that a CPU-only machine has no CUDA runtime: true, and nothing to act on
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
     key = build_key()
     directory = cache_dir() / "cpp" / key
@@ -94,8 +91,11 @@ def _unavailable(reason: str, quiet: bool = False) -> bool:
 
 
 def status() -> str:
-    """Which CPU path linear attention runs, for logs and benchmark records."""
-    return "C++ kernel" if load() else f"fused PyTorch ({_STATE.get('reason')})"
+    """Which CPU path linear attention took in this process (metrics.json's env): asks nothing
+    new, so a run that never reached it says so rather than building the kernel."""
+    if "ok" not in _STATE:
+        return "not used"
+    return "C++ kernel" if _STATE["ok"] else f"fused PyTorch ({_STATE['reason']})"
 
 
 def _register_fake() -> None:

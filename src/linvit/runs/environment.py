@@ -12,6 +12,7 @@ def environment() -> dict:
     import timm
     import torch
 
+    from linvit.ops import cpp_kernels
     from linvit.runs.runtime import cpu_features
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "timm": timm.__version__,
@@ -23,6 +24,8 @@ def environment() -> dict:
             **{f"cpu_{name}": on for name, on in cpu_features().items()},
             "processes": int(os.environ.get("WORLD_SIZE", "1")),     # torch.distributed world
             "threads": torch.get_num_threads(),                      # of each process
+            # which CPU path linear attention ran (linvit's C++ kernel, or why not)
+            "cpu_linear_attention": cpp_kernels.status(),
             # the devices and cluster job it ran in: a SLURM job's allocation, seen from inside
             "cuda_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "slurm_job": os.environ.get("SLURM_JOB_ID")}
