@@ -36,7 +36,11 @@ def run(name, qkv, grad, kind, normalize, **kw):
 
 
 def assert_match(got, want, rtol=1e-5, atol=1e-5):
-    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+    """Output, input gradients and any further gradients (operators' own parameters): all of
+    them, so that a missing or extra gradient fails too."""
+    assert len(got) == len(want), (len(got), len(want))
+    names = ("out", "dq", "dk", "dv", *(f"grad {i}" for i in range(4, len(want))))
+    for name, a, b in zip(names, got, want):
         assert a.dtype == b.dtype, name
         scale = b.float().abs().max().clamp_min(1.0)
         err = (a.float() - b.float()).abs().max() / scale

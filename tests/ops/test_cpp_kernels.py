@@ -11,7 +11,7 @@ import torch
 
 from linvit.ops import cpp_kernels
 from linvit.ops.backends import backend
-from linvit.ops.linear_attention import linear_attention
+from linvit.ops.linear_attention import focused_linear_attention, linear_attention
 from linvit.runs.environment import environment
 
 from kernel_cases import VARIANTS, assert_match, inputs, run
@@ -132,3 +132,25 @@ def test_build_key_follows_the_source_torch_and_cpu(monkeypatch, tmp_path):
     edited.write_bytes(cpp_kernels.SOURCE.read_bytes() + b"\n// edited\n")
     monkeypatch.setattr(cpp_kernels, "SOURCE", edited)
     assert cpp_kernels.build_key() != key
+
+
+@needs_compiler
+@pytest.mark.parametrize("p", [3.0, 2.0, 1.5])
+@pytest.mark.parametrize("shape,rows", [((2, 3, 37, 24), 8), ((1, 2, 5, 8), 512)])
+def test_focused_map_inside_the_kernel_matches_reference(monkeypatch, p, shape, rows):
+    """FLatten's focused features computed on each block (and p = 3 written out), with the
+    gradient of its per-(head, channel) scale, against the reference features and core."""
+    monkeypatch.setattr(cpp_kernels, "ROWS", rows)
+    g = torch.Generator().manual_seed(5)
+    qkv = [torch.randn(shape, generator=g) for _ in range(3)]
+    qkv[0][..., :3] = -1.0                             # rows with channels at the floor
+    scale = 0.3 * torch.randn(1, shape[1], 1, shape[-1], generator=g)
+    grad = torch.randn(shape, generator=g)
+    results = {}
+    for name in ("reference", "torch"):
+        leaves = [t.clone().requires_grad_() for t in (*qkv, scale)]
+        with backend(name):
+            out = focused_linear_attention(*leaves, p)
+        results[name] = (out, *torch.autograd.grad(out, leaves, grad))
+    assert type(out.grad_fn).__name__ == "CppLinearAttentionBackward"
+    assert_match(results["torch"], results["reference"], rtol=2e-5)

@@ -17,8 +17,8 @@ from linvit.attention.base import ODD_KERNEL, AttentionOperator
 from linvit.ops.backends import resolve_backend
 from linvit.ops.focused_features import focused_features
 from linvit.ops.linear_attention import (
+    focused_linear_attention,
     linear_core_flops,
-    normalized_linear_attention,
     normalized_linear_attention_map,
 )
 
@@ -44,7 +44,7 @@ class FocusedLinearAttention(AttentionOperator):
         return focused_features(x, self.focus_scale, self.focusing_factor, fused)
 
     def global_mix(self, q, k, v):
-        return normalized_linear_attention(self.feature_map(q), self.feature_map(k), v)
+        return focused_linear_attention(q, k, v, self.focus_scale, self.focusing_factor)
 
     @classmethod
     def core_flops(cls, tokens, head_dim):

@@ -24,16 +24,17 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 log = logging.getLogger("linvit")
 
-SOURCE = Path(__file__).parent / "csrc" / "linear_attention.cpp"
+SOURCE = Path(__file__).parent / "csrc" / "linear_attention.cpp"      # includes feature_maps.h
 # -ffast-math at compile time only (not at link, which would set flush-to-zero process-wide):
 # it lets GCC call glibc's vectorised exp. -fopenmp at compile time only: at::parallel_for's
 # OpenMP pragmas then run on torch's own OpenMP runtime, which the kernel links through torch.
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 ROWS = 512           # rows per task: a block of q, k, v and its buffers stay in L2
-FEATURE_CODES = {"identity": 0, "elu1": 1}
+FEATURE_CODES = {"identity": 0, "elu1": 1, "focused": 2}    # csrc/feature_maps.h's Kind
 
 _STATE: dict[str, object] = {}     # "ok": bool, "reason": why not
 
@@ -48,9 +49,11 @@ def _cpu_name() -> str:
 
 
 def build_key() -> str:
-    """What the binary depends on: the source, the flags, torch, Python and the CPU."""
-    parts = [SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode(),
-             sys.version.encode(), platform.machine().encode(), _cpu_name().encode()]
+    """What the binary depends on: the sources, the flags, torch, Python and the CPU."""
+    sources = sorted(SOURCE.parent.glob("*.[ch]*"))
+    parts = [*(f.read_bytes() for f in sources), " ".join(CFLAGS).encode(),
+             torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
+             _cpu_name().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
@@ -103,40 +106,54 @@ def _register_fake() -> None:
     lib = "linvit_cpu::"
 
     @torch.library.register_fake(lib + "linear_forward")
-    def _(q, k, v, kind, normalize, eps, rows):
+    def _(q, k, v, kind, normalize, eps, rows, sp, p):
         bh, _, dk = q.shape
         dv = v.shape[-1]
         z = q.new_empty(bh, dk) if normalize else q.new_empty(0)
         return q.new_empty(bh, q.shape[1], dv), q.new_empty(bh, dk, dv), z
 
     @torch.library.register_fake(lib + "linear_backward")
-    def _(g, q, k, v, out, s, z, kind, normalize, eps, rows):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    def _(g, q, k, v, out, s, z, kind, normalize, eps, rows, sp, p):
+        dsp = q.new_empty(q.shape[0], q.shape[2]) if sp is not None else q.new_empty(0, q.shape[2])
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsp
 
 
 class CppLinearAttention(torch.autograd.Function):
     """The kernel's forward and backward on (B*H, N, d) float32 views; q, k, v, the output, S
-    and z are kept for backward, where the feature maps are recomputed."""
+    and z are kept for backward, where the feature maps are recomputed. `scale` is the focused
+    map's per-(head, channel) s, (1, H, 1, Dk), with its power p."""
 
     @staticmethod
-    def forward(ctx, q, k, v, kind: str, normalize: bool, eps: float):
+    def forward(ctx, q, k, v, kind: str, normalize: bool, eps: float, scale=None, p: float = 0.0):
         shape, dtype = q.shape[:-2], v.dtype
         q3, k3, v3 = (t.float().reshape(-1, *t.shape[-2:]).contiguous() for t in (q, k, v))
-        out, s, z = torch.ops.linvit_cpu.linear_forward(q3, k3, v3, FEATURE_CODES[kind],
-                                                        normalize, eps, ROWS)
-        ctx.save_for_backward(q3, k3, v3, out, s, z)
-        ctx.args = (kind, normalize, eps, (q.shape, k.shape, v.shape), (q.dtype, k.dtype, dtype))
+        sp = None
+        if scale is not None:             # softplus(s), one row per (batch, head)
+            sp = F.softplus(scale.float()).expand(*shape, 1, q.shape[-1])
+            sp = sp.reshape(q3.shape[0], q.shape[-1]).contiguous()
+        code = FEATURE_CODES[kind]
+        out, s, z = torch.ops.linvit_cpu.linear_forward(q3, k3, v3, code, normalize, eps, ROWS,
+                                                        sp, p)
+        ctx.save_for_backward(q3, k3, v3, out, s, z, sp, scale)
+        ctx.args = (code, normalize, eps, p, (q.shape, k.shape, v.shape),
+                    (q.dtype, k.dtype, dtype))
         return out.view(*shape, *out.shape[-2:]).to(dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        q3, k3, v3, out, s, z = ctx.saved_tensors
-        kind, normalize, eps, shapes, dtypes = ctx.args
+        q3, k3, v3, out, s, z, sp, scale = ctx.saved_tensors
+        code, normalize, eps, p, shapes, dtypes = ctx.args
         g = grad.float().reshape(out.shape).contiguous()
-        grads = torch.ops.linvit_cpu.linear_backward(g, q3, k3, v3, out, s, z, FEATURE_CODES[kind],
-                                                     normalize, eps, ROWS)
-        return (*(d.view(sh).to(dt) for d, sh, dt in zip(grads, shapes, dtypes)), None, None, None)
+        *grads, dsp = torch.ops.linvit_cpu.linear_backward(g, q3, k3, v3, out, s, z, code,
+                                                           normalize, eps, ROWS, sp, p)
+        dq, dk, dv = (d.view(sh).to(dt) for d, sh, dt in zip(grads, shapes, dtypes))
+        dscale = None
+        if scale is not None:             # summed over the batch, through the softplus
+            dscale = dsp.view(-1, *scale.shape[1:]).sum(0, keepdim=True)
+            dscale = (dscale * torch.sigmoid(scale.float())).to(scale.dtype)
+        return dq, dk, dv, None, None, None, dscale, None
 
 
-def cpp_linear_attention(q, k, v, kind: str, normalize: bool, eps: float) -> torch.Tensor:
-    return CppLinearAttention.apply(q, k, v, kind, normalize, eps)
+def cpp_linear_attention(q, k, v, kind: str, normalize: bool, eps: float, scale=None,
+                         p: float = 0.0) -> torch.Tensor:
+    return CppLinearAttention.apply(q, k, v, kind, normalize, eps, scale, p)

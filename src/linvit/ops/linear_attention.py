@@ -26,6 +26,7 @@ import torch
 from linvit.ops import cpp_kernels
 from linvit.ops.backends import resolve_backend
 from linvit.ops.definitions import FEATURES, NORMALISER_EPS, feature
+from linvit.ops.focused_features import focused_features
 from linvit.ops.fused_torch import fused_linear_attention
 
 log = logging.getLogger("linvit")
@@ -90,6 +91,19 @@ def normalized_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: tor
                                 eps: float = NORMALISER_EPS) -> torch.Tensor:
     """Normalised linear attention on features already computed (focused, hedgehog)."""
     return linear_attention(phi_q, phi_k, v, "identity", True, eps)
+
+
+def focused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             scale: torch.Tensor, p: float) -> torch.Tensor:
+    """Normalised linear attention on FLatten's focused features of q and k (focused_features):
+    on the CPU, the feature map runs inside linvit's C++ kernel, on each block of rows."""
+    name = resolve_backend(q)
+    if name == "torch" and not q.is_cuda and cpp_kernels.load():
+        return cpp_kernels.cpp_linear_attention(q, k, v, "focused", True, NORMALISER_EPS,
+                                                scale, p)
+    fused = name != "reference"
+    return normalized_linear_attention(focused_features(q, scale, p, fused),
+                                       focused_features(k, scale, p, fused), v)
 
 
 def normalized_linear_attention_map(phi_q: torch.Tensor, phi_k: torch.Tensor,

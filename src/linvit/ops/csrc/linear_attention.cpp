@@ -14,6 +14,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "feature_maps.h"
+
 #include <algorithm>
 #include <cmath>
 #include <tuple>
@@ -46,21 +48,8 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
   sgemm_(&opa, &opb, &M, &N, &K, &one, b, &LA, a, &LB, &beta, c, &LC);
 }
 
-constexpr int64_t kElu1 = 1;  // the feature map's code; 0 is the identity
-using T = float;              // linvit's cores compute in float32 (the Python side casts)
-
-// phi(x) for `count` values.
-void features(const T* x, T* phi, int64_t count, int64_t kind) {
-  if (kind != kElu1) {
-    std::copy(x, x + count, phi);
-    return;
-  }
-  for (int64_t i = 0; i < count; ++i)  // elu(x) + 1 = exp(min(x, 0)) + max(x, 0)
-    phi[i] = std::exp(std::min(x[i], T(0))) + std::max(x[i], T(0));
-}
-
-// phi'(x) read off phi: exp(min(x, 0)) = min(phi, 1) for elu + 1; 1 for the identity.
-inline T slope(T phi, int64_t kind) { return kind == kElu1 ? std::min(phi, T(1)) : T(1); }
+using linvit::Feature;
+using linvit::T;
 
 // A scratch buffer per thread, reused across tasks and calls (no allocation per block).
 T* scratch(int slot, int64_t size) {
@@ -89,8 +78,8 @@ void each_block(const Blocks& b, F fn) {
 
 // (out, s, z): out (BH, N, Dv), s (BH, Dk, Dv), z (BH, Dk) (empty when not normalised).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t kind, bool normalize,
-    double eps, int64_t rows) {
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Feature& f,
+    bool normalize, double eps, int64_t rows) {
   const int64_t H = q.size(0), N = q.size(1), Dk = q.size(2), Dv = v.size(2);
   const Blocks b(H, N, rows);
   auto opts = q.options();
@@ -101,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
     const int64_t R = hi - lo, part = h * b.count + index;
     T* phi = scratch(0, R * Dk);
-    features(kp + (h * N + lo) * Dk, phi, R * Dk, kind);
+    linvit::features(kp + (h * N + lo) * Dk, phi, R, Dk, f, h);
     gemm<T>(true, false, Dk, Dv, R, phi, Dk, vp + (h * N + lo) * Dv, Dv, T(0),
             sp + part * Dk * Dv, Dv);                                  // phi_k^T v
     T* zs = zp + part * Dk;
@@ -116,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   each_block(b, [&](int64_t h, int64_t, int64_t lo, int64_t hi) {
     const int64_t R = hi - lo;
     T *phi = scratch(0, R * Dk), *op = o + (h * N + lo) * Dv;
-    features(qp + (h * N + lo) * Dk, phi, R * Dk, kind);
+    linvit::features(qp + (h * N + lo) * Dk, phi, R, Dk, f, h);
     gemm<T>(false, false, R, Dv, Dk, phi, Dk, sh + h * Dk * Dv, Dv, T(0), op, Dv);  // phi_q S
     if (!normalize) return;
     const T* zr = zh + h * Dk;
@@ -133,8 +122,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
 // The pointers backward reads and writes, with the sizes.
 struct Grads {
   const T *g, *q, *k, *v, *out, *s, *z;
-  T *dq, *dk, *dv, *ds_part, *dz_part;
-  int64_t N, Dk, Dv, count, kind;
+  T *dq, *dk, *dv, *ds_part, *dz_part, *dsp_part;
+  int64_t N, Dk, Dv, count;
+  Feature f;
   bool normalize;
   double eps;
 };
@@ -143,7 +133,8 @@ struct Grads {
 void query_block(const Grads& a, int64_t h, int64_t index, int64_t lo, int64_t hi) {
   const int64_t R = hi - lo, Dk = a.Dk, Dv = a.Dv, part = h * a.count + index;
   T* phi = scratch(0, R * Dk);
-  features(a.q + (h * a.N + lo) * Dk, phi, R * Dk, a.kind);
+  const T* x = a.q + (h * a.N + lo) * Dk;
+  linvit::features(x, phi, R, Dk, a.f, h);
   const T *g = a.g + (h * a.N + lo) * Dv, *dn = g;
   const T* z = a.normalize ? a.z + h * Dk : nullptr;
   T* dden = scratch(2, R);
@@ -166,40 +157,42 @@ void query_block(const Grads& a, int64_t h, int64_t index, int64_t lo, int64_t h
   gemm<T>(false, true, R, Dk, Dv, dn, Dv, a.s + h * Dk * Dv, Dv, T(0), dq, Dk);  // dnum S^T
   gemm<T>(true, false, Dk, Dv, R, phi, Dk, dn, Dv, T(0), a.ds_part + part * Dk * Dv,
           Dv);                                                                  // phi^T dnum
-  T* dz = a.dz_part + part * Dk;
-  for (int64_t i = 0; i < R; ++i)
-    for (int64_t c = 0; c < Dk; ++c) {
-      const T f = phi[i * Dk + c];
-      T d = dq[i * Dk + c];
-      if (a.normalize) {
-        dz[c] += f * dden[i];
-        d += dden[i] * z[c];
+  if (a.normalize) {  // dphi_q += dden z^T; dz += phi^T dden
+    T* dz = a.dz_part + part * Dk;
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t c = 0; c < Dk; ++c) {
+        dz[c] += phi[i * Dk + c] * dden[i];
+        dq[i * Dk + c] += dden[i] * z[c];
       }
-      dq[i * Dk + c] = d * slope(f, a.kind);
-    }
+  }
+  linvit::through_features(x, phi, dq, R, Dk, a.f, h, a.dsp_part + part * Dk);
 }
 
 // The key side of backward for one block: its dk and dv rows, from the summed dS and dz.
-void key_block(const Grads& a, const T* ds, const T* dz, int64_t h, int64_t lo, int64_t hi) {
+void key_block(const Grads& a, const T* ds, const T* dz, int64_t h, int64_t index, int64_t lo,
+               int64_t hi) {
   const int64_t R = hi - lo, Dk = a.Dk, Dv = a.Dv;
   T* phi = scratch(0, R * Dk);
-  features(a.k + (h * a.N + lo) * Dk, phi, R * Dk, a.kind);
+  const T* x = a.k + (h * a.N + lo) * Dk;
+  linvit::features(x, phi, R, Dk, a.f, h);
   T* dk = a.dk + (h * a.N + lo) * Dk;
   const T* dsh = ds + h * Dk * Dv;
   gemm<T>(false, true, R, Dk, Dv, a.v + (h * a.N + lo) * Dv, Dv, dsh, Dv, T(0), dk,
           Dk);                                                           // v dS^T (+ dz)
   gemm<T>(false, false, R, Dv, Dk, phi, Dk, dsh, Dv, T(0), a.dv + (h * a.N + lo) * Dv,
           Dv);                                                           // dv = phi_k dS
-  const T* dzh = dz + h * Dk;
-  for (int64_t i = 0; i < R; ++i)
-    for (int64_t c = 0; c < Dk; ++c)
-      dk[i * Dk + c] = (dk[i * Dk + c] + (a.normalize ? dzh[c] : T(0))) *
-                       slope(phi[i * Dk + c], a.kind);
+  if (a.normalize) {
+    const T* dzh = dz + h * Dk;
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t c = 0; c < Dk; ++c) dk[i * Dk + c] += dzh[c];
+  }
+  linvit::through_features(x, phi, dk, R, Dk, a.f, h, a.dsp_part + (h * a.count + index) * Dk);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(
+// (dq, dk, dv, dsp): dsp (BH, Dk) is dL/d softplus(s) for the focused map, else empty.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
     const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& s, const at::Tensor& z, int64_t kind,
+    const at::Tensor& out, const at::Tensor& s, const at::Tensor& z, const Feature& f,
     bool normalize, double eps, int64_t rows) {
   const int64_t H = q.size(0), N = q.size(1), Dk = q.size(2), Dv = v.size(2);
   const Blocks b(H, N, rows);
@@ -207,19 +200,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(
   auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   auto ds_part = at::empty({H, b.count, Dk, Dv}, opts);
   auto dz_part = at::zeros({H, b.count, Dk}, opts);
+  auto dsp_part = at::zeros({f.kind == linvit::kFocused ? H : 0, b.count, Dk}, opts);
   const Grads a{g.data_ptr<T>(), q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(),
                 out.data_ptr<T>(), s.data_ptr<T>(), normalize ? z.data_ptr<T>() : nullptr,
                 dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>(), ds_part.data_ptr<T>(),
-                dz_part.data_ptr<T>(), N, Dk, Dv, b.count, kind, normalize, eps};
+                dz_part.data_ptr<T>(), dsp_part.data_ptr<T>(), N, Dk, Dv, b.count, f, normalize,
+                eps};
   each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
     query_block(a, h, index, lo, hi);
   });
   auto ds = ds_part.sum(1), dz = dz_part.sum(1);
   const T *dsp = ds.data_ptr<T>(), *dzp = dz.data_ptr<T>();
-  each_block(b, [&](int64_t h, int64_t, int64_t lo, int64_t hi) {
-    key_block(a, dsp, dzp, h, lo, hi);
+  each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
+    key_block(a, dsp, dzp, h, index, lo, hi);
   });
-  return {dq, dk, dv};
+  return {dq, dk, dv, dsp_part.sum(1)};
 }
 
 void check(const at::Tensor& t, const char* name) {
@@ -229,22 +224,34 @@ void check(const at::Tensor& t, const char* name) {
               "tensor");
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& q, const at::Tensor& k,
-                                                       const at::Tensor& v, int64_t kind,
-                                                       bool normalize, double eps, int64_t rows) {
-  check(q, "q"), check(k, "k"), check(v, "v");
+// The feature map of the call: `sp`, for the focused map, is softplus(s) as (B*H, Dk).
+Feature feature(const at::Tensor& q, int64_t kind, const c10::optional<at::Tensor>& sp,
+                double p, int64_t rows) {
   TORCH_CHECK(rows > 0, "linvit linear attention: rows must be positive");
-  return forward_impl(q, k, v, kind, normalize, eps, rows);
+  TORCH_CHECK(kind >= linvit::kIdentity && kind <= linvit::kFocused,
+              "linvit linear attention: unknown feature map code ", kind);
+  if (kind != linvit::kFocused) return {kind, nullptr, T(p)};
+  TORCH_CHECK(sp.has_value() && sp->is_contiguous() && sp->scalar_type() == at::kFloat &&
+                  sp->dim() == 2 && sp->size(0) == q.size(0) && sp->size(1) == q.size(2),
+              "linvit linear attention: the focused map needs softplus(s) as a contiguous "
+              "float32 (B*H, Dk) tensor");
+  return {kind, sp->data_ptr<T>(), T(p)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t kind, bool normalize,
+    double eps, int64_t rows, const c10::optional<at::Tensor>& sp, double p) {
+  check(q, "q"), check(k, "k"), check(v, "v");
+  return forward_impl(q, k, v, feature(q, kind, sp, p, rows), normalize, eps, rows);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& s, const at::Tensor& z, int64_t kind,
-    bool normalize, double eps, int64_t rows) {
+    bool normalize, double eps, int64_t rows, const c10::optional<at::Tensor>& sp, double p) {
   check(g, "grad"), check(q, "q"), check(k, "k"), check(v, "v"), check(out, "out");
-  TORCH_CHECK(rows > 0, "linvit linear attention: rows must be positive");
-  return backward_impl(g, q, k, v, out, s.contiguous(), z.contiguous(), kind, normalize,
-                              eps, rows);
+  return backward_impl(g, q, k, v, out, s.contiguous(), z.contiguous(),
+                       feature(q, kind, sp, p, rows), normalize, eps, rows);
 }
 
 }  // namespace
@@ -254,9 +261,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
 // fake kernels that linvit.ops.cpp_kernels registers.
 TORCH_LIBRARY(linvit_cpu, m) {
   m.def("linear_forward(Tensor q, Tensor k, Tensor v, int kind, bool normalize, float eps, "
-        "int rows) -> (Tensor, Tensor, Tensor)");
+        "int rows, Tensor? sp, float p) -> (Tensor, Tensor, Tensor)");
   m.def("linear_backward(Tensor g, Tensor q, Tensor k, Tensor v, Tensor out, Tensor s, "
-        "Tensor z, int kind, bool normalize, float eps, int rows) -> (Tensor, Tensor, Tensor)");
+        "Tensor z, int kind, bool normalize, float eps, int rows, Tensor? sp, float p) -> "
+        "(Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(linvit_cpu, CPU, m) {
