@@ -41,6 +41,9 @@ def assert_match(got, want, rtol=1e-5, atol=1e-5):
     assert len(got) == len(want), (len(got), len(want))
     names = ("out", "dq", "dk", "dv", *(f"grad {i}" for i in range(4, len(want))))
     for name, a, b in zip(names, got, want):
+        if a is None or b is None:                   # a parameter neither path reached
+            assert a is None and b is None, f"{name}: a gradient on one path only"
+            continue
         assert a.dtype == b.dtype, name
         scale = b.float().abs().max().clamp_min(1.0)
         err = (a.float() - b.float()).abs().max() / scale

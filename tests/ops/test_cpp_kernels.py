@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 
+from linvit.attention import OPERATORS
 from linvit.ops import cpp_kernels
 from linvit.ops.backends import backend
 from linvit.ops.linear_attention import focused_linear_attention, linear_attention
@@ -153,4 +154,29 @@ def test_focused_map_inside_the_kernel_matches_reference(monkeypatch, p, shape, 
             out = focused_linear_attention(*leaves, p)
         results[name] = (out, *torch.autograd.grad(out, leaves, grad))
     assert type(out.grad_fn).__name__ == "CppLinearAttentionBackward"
+    assert_match(results["torch"], results["reference"], rtol=2e-5)
+
+
+@needs_compiler
+@pytest.mark.parametrize("name", [n for n, op in OPERATORS.items() if op.family == "feature map"])
+def test_feature_map_operators_take_the_kernel_across_blocks(monkeypatch, name):
+    """Every feature-map operator's core in the kernel, split into many blocks (the last one
+    short), with its own parameters' gradients (focused's scale, Hedgehog's maps), against the
+    reference path."""
+    monkeypatch.setattr(cpp_kernels, "ROWS", 8)
+    torch.manual_seed(1)
+    op = OPERATORS[name](96, num_heads=4)
+    op.set_token_layout(1, (7, 7))
+    own = [p for n, p in op.named_parameters() if n in op.operator_specific_parameters()]
+    with torch.no_grad():
+        for p in own:
+            p.add_(0.1 * torch.randn_like(p))
+    qkv, grad = inputs((2, 4, 50, 24), 24, seed=2)
+    results = {}
+    for be in ("reference", "torch"):
+        leaves = [t.clone().requires_grad_() for t in qkv]
+        with backend(be):
+            out = op.global_mix(*leaves)
+        results[be] = (out, *torch.autograd.grad(out, leaves + own, grad, allow_unused=True))
+    assert type(out.grad_fn).__name__ in ("CppLinearAttentionBackward", "_PlusMeanValueBackward")
     assert_match(results["torch"], results["reference"], rtol=2e-5)

@@ -10,6 +10,8 @@ import torch
 from torch import nn
 
 from linvit.attention.base import AttentionOperator
+from linvit.ops import cpp_kernels
+from linvit.ops.definitions import NORMALISER_EPS
 from linvit.ops.linear_attention import (
     linear_core_flops,
     normalized_linear_attention,
@@ -47,6 +49,10 @@ class HedgehogAttention(AttentionOperator):
                                                                           head_dim)
 
     def global_mix(self, q, k, v):
+        if cpp_kernels.runs_on(q):           # the feature maps inside the CPU kernel, per block
+            return cpp_kernels.cpp_linear_attention(
+                q, k, v, "hedgehog", True, NORMALISER_EPS, 0.0, self.fmap_q_weight,
+                self.fmap_q_bias, self.fmap_k_weight, self.fmap_k_bias)
         return normalized_linear_attention(*self.features(q, k), v)
 
     def attention_map(self, q, k):

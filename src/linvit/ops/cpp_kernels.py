@@ -34,7 +34,7 @@ SOURCE = Path(__file__).parent / "csrc" / "linear_attention.cpp"      # includes
 # OpenMP pragmas then run on torch's own OpenMP runtime, which the kernel links through torch.
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 ROWS = 512           # rows per task: a block of q, k, v and its buffers stay in L2
-FEATURE_CODES = {"identity": 0, "elu1": 1, "focused": 2}    # csrc/feature_maps.h's Kind
+FEATURE_CODES = {"identity": 0, "elu1": 1, "focused": 2, "hedgehog": 3}   # feature_maps.h's Kind
 
 _STATE: dict[str, object] = {}     # "ok": bool, "reason": why not
 
@@ -101,59 +101,89 @@ def status() -> str:
     return "C++ kernel" if _STATE["ok"] else f"fused PyTorch ({_STATE['reason']})"
 
 
+def runs_on(t: torch.Tensor) -> bool:
+    """Whether a core called on `t` now takes the kernel: a CPU tensor, the backend that picks the
+    fast CPU path (`torch`, or `auto` on the CPU), and a kernel that loads."""
+    from linvit.ops.backends import resolve_backend
+    return not t.is_cuda and resolve_backend(t) == "torch" and load()
+
+
 def _register_fake() -> None:
     """Shapes for torch.compile's tracing: the ops are opaque to it, as any extension's are."""
     lib = "linvit_cpu::"
 
     @torch.library.register_fake(lib + "linear_forward")
-    def _(q, k, v, kind, normalize, eps, rows, sp, p):
-        bh, _, dk = q.shape
-        dv = v.shape[-1]
+    def _(q, k, v, kind, normalize, eps, rows, params, p):
+        bh, n, dx = q.shape
+        dk, dv = (2 * dx if kind == FEATURE_CODES["hedgehog"] else dx), v.shape[-1]
         z = q.new_empty(bh, dk) if normalize else q.new_empty(0)
-        return q.new_empty(bh, q.shape[1], dv), q.new_empty(bh, dk, dv), z
+        return q.new_empty(bh, n, dv), q.new_empty(bh, dk, dv), z
 
     @torch.library.register_fake(lib + "linear_backward")
-    def _(g, q, k, v, out, s, z, kind, normalize, eps, rows, sp, p):
-        dsp = q.new_empty(q.shape[0], q.shape[2]) if sp is not None else q.new_empty(0, q.shape[2])
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsp
+    def _(g, q, k, v, out, s, z, kind, normalize, eps, rows, params, p):
+        return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                [torch.empty_like(t) for t in params])
 
 
 class CppLinearAttention(torch.autograd.Function):
     """The kernel's forward and backward on (B*H, N, d) float32 views; q, k, v, the output, S
-    and z are kept for backward, where the feature maps are recomputed. `scale` is the focused
-    map's per-(head, channel) s, (1, H, 1, Dk), with its power p."""
+    and z are kept for backward, where the feature maps are recomputed. `params` are the map's
+    parameters as the operator holds them, one set per head: focused (s,) of (1, H, 1, d), with
+    its power p; hedgehog (Wq, bq, Wk, bk) of (H, d, d) and (H, 1, d)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, kind: str, normalize: bool, eps: float, scale=None, p: float = 0.0):
+    def forward(ctx, q, k, v, kind: str, normalize: bool, eps: float, p: float, *params):
         shape, dtype = q.shape[:-2], v.dtype
         q3, k3, v3 = (t.float().reshape(-1, *t.shape[-2:]).contiguous() for t in (q, k, v))
-        sp = None
-        if scale is not None:             # softplus(s), one row per (batch, head)
-            sp = F.softplus(scale.float()).expand(*shape, 1, q.shape[-1])
-            sp = sp.reshape(q3.shape[0], q.shape[-1]).contiguous()
+        flat = _per_row(kind, params, shape)
         code = FEATURE_CODES[kind]
         out, s, z = torch.ops.linvit_cpu.linear_forward(q3, k3, v3, code, normalize, eps, ROWS,
-                                                        sp, p)
-        ctx.save_for_backward(q3, k3, v3, out, s, z, sp, scale)
-        ctx.args = (code, normalize, eps, p, (q.shape, k.shape, v.shape),
+                                                        flat, p)
+        ctx.save_for_backward(q3, k3, v3, out, s, z, *flat, *params)
+        ctx.args = (kind, normalize, eps, p, len(flat), (q.shape, k.shape, v.shape),
                     (q.dtype, k.dtype, dtype))
         return out.view(*shape, *out.shape[-2:]).to(dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        q3, k3, v3, out, s, z, sp, scale = ctx.saved_tensors
-        code, normalize, eps, p, shapes, dtypes = ctx.args
+        q3, k3, v3, out, s, z, *rest = ctx.saved_tensors
+        kind, normalize, eps, p, n_flat, shapes, dtypes = ctx.args
+        flat, params = rest[:n_flat], rest[n_flat:]
         g = grad.float().reshape(out.shape).contiguous()
-        *grads, dsp = torch.ops.linvit_cpu.linear_backward(g, q3, k3, v3, out, s, z, code,
-                                                           normalize, eps, ROWS, sp, p)
+        *grads, d_flat = torch.ops.linvit_cpu.linear_backward(
+            g, q3, k3, v3, out, s, z, FEATURE_CODES[kind], normalize, eps, ROWS, flat, p)
         dq, dk, dv = (d.view(sh).to(dt) for d, sh, dt in zip(grads, shapes, dtypes))
-        dscale = None
-        if scale is not None:             # summed over the batch, through the softplus
-            dscale = dsp.view(-1, *scale.shape[1:]).sum(0, keepdim=True)
-            dscale = (dscale * torch.sigmoid(scale.float())).to(scale.dtype)
-        return dq, dk, dv, None, None, None, dscale, None
+        return (dq, dk, dv, None, None, None, None, *_param_grads(kind, d_flat, params))
 
 
-def cpp_linear_attention(q, k, v, kind: str, normalize: bool, eps: float, scale=None,
-                         p: float = 0.0) -> torch.Tensor:
-    return CppLinearAttention.apply(q, k, v, kind, normalize, eps, scale, p)
+def _per_row(kind: str, params, shape) -> list[torch.Tensor]:
+    """The maps' parameters as the kernel takes them: float32, one row per (batch, head)."""
+    def rows(t, width):                  # (.., H, .., d) per head -> (B*H, ..) per (b, h)
+        t = t.float().reshape(1, shape[1], *width)
+        return t.expand(shape[0], *t.shape[1:]).reshape(-1, *width).contiguous()
+    if kind == "focused":                # softplus(s): the kernel divides by it
+        scale, = params
+        return [rows(F.softplus(scale.float()), (scale.shape[-1],))]
+    if kind == "hedgehog":
+        return [rows(t, t.shape[1:] if i % 2 == 0 else (t.shape[-1],))
+                for i, t in enumerate(params)]
+    return []
+
+
+def _param_grads(kind: str, d_flat, params) -> list[torch.Tensor]:
+    """The kernel's per-(batch, head) gradients summed over the batch, in the parameters' shapes
+    and dtypes (the focused map's through its softplus)."""
+    grads = []
+    for d, t in zip(d_flat, params):
+        # hedgehog's are (H, ..) per head; focused's s is (1, H, 1, d)
+        d = d.view(-1, *t.shape).sum(0) if kind == "hedgehog" else \
+            d.view(-1, *t.shape[1:]).sum(0, keepdim=True)
+        if kind == "focused":
+            d = d * torch.sigmoid(t.float())
+        grads.append(d.reshape(t.shape).to(t.dtype))
+    return grads
+
+
+def cpp_linear_attention(q, k, v, kind: str, normalize: bool, eps: float, p: float = 0.0,
+                         *params) -> torch.Tensor:
+    return CppLinearAttention.apply(q, k, v, kind, normalize, eps, p, *params)

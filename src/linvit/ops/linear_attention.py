@@ -76,7 +76,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: st
         return triton_linear_attention(q, k, v, kind, normalize, eps)
     if name == "reference":
         return _reference(q, k, v, kind, normalize, eps)
-    if not q.is_cuda and cpp_kernels.load():
+    if not q.is_cuda and cpp_kernels.load():         # the torch path, or triton's fallback
         return cpp_kernels.cpp_linear_attention(q, k, v, kind, normalize, eps)
     return fused_linear_attention(q, k, v, kind, normalize, eps)
 
@@ -97,11 +97,9 @@ def focused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              scale: torch.Tensor, p: float) -> torch.Tensor:
     """Normalised linear attention on FLatten's focused features of q and k (focused_features):
     on the CPU, the feature map runs inside linvit's C++ kernel, on each block of rows."""
-    name = resolve_backend(q)
-    if name == "torch" and not q.is_cuda and cpp_kernels.load():
-        return cpp_kernels.cpp_linear_attention(q, k, v, "focused", True, NORMALISER_EPS,
-                                                scale, p)
-    fused = name != "reference"
+    if cpp_kernels.runs_on(q):
+        return cpp_kernels.cpp_linear_attention(q, k, v, "focused", True, NORMALISER_EPS, p, scale)
+    fused = resolve_backend(q) != "reference"
     return normalized_linear_attention(focused_features(q, scale, p, fused),
                                        focused_features(k, scale, p, fused), v)
 

@@ -1,62 +1,32 @@
 // Bidirectional linear attention on the CPU, fused in row blocks (linvit.ops.cpp_kernels).
 //
 //   o_i = phi(q_i) S / (phi(q_i) z + eps)  (or phi(q_i) S),  S = sum_j phi(k_j)^T v_j,
-//   z = sum_j phi(k_j),  phi = identity or elu(x) + 1.
+//   z = sum_j phi(k_j),  phi one of feature_maps.h's maps (its own for queries and keys).
 //
-// Why C++: the PyTorch path (fused_torch.py) makes some forty passes over (N, d) tensors around
-// its six matrix products (feature maps, their derivatives, the normaliser), each a trip through
-// memory. Here every (head, block of rows) is one task: the feature map, the normaliser and the
-// derivatives are computed on the block while it sits in cache, and the products run on the
-// block (one thread each, the tasks in parallel). The sums over all rows (S, z and their
-// gradients) are taken per block and added up after. Same maths and formulas as fused_torch.py,
+// Why C++: the PyTorch path (fused_torch.py and the operators' feature maps) makes dozens of
+// passes over (N, d) tensors around its matrix products, each a trip through memory. Here every
+// (head, block of rows) is one task: the feature map, the normaliser and the derivatives are
+// computed on the block while it sits in cache, and the products run on the block (one thread
+// each, the tasks in parallel). The sums over all rows (S, z, and the gradients of S, z and the
+// maps' parameters) are taken per block and added up after. Same formulas as fused_torch.py,
 // whose docstring writes out the backward pass; the tests hold both to the einsum reference.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "feature_maps.h"
-
-#include <algorithm>
-#include <cmath>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
-// BLAS as torch's x86 wheels export it (MKL's Fortran interface): one block's products run as
-// one plain call each, with none of at::mm's dispatch, checks and allocation per call, which
-// cost more than the product itself at these sizes. Inside the parallel tasks MKL runs on the
-// calling thread.
-extern "C" {
-void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
-            const float*, const int*, const float*, const int*, const float*, float*, const int*);
-// MKL threads its own calls even inside another parallel region (torch turns its dynamic
-// adjustment off): each task asks for one thread, weak so that other BLAS builds still load.
-int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
-}
+#include "blas.h"
+#include "feature_maps.h"
 
 namespace {
 
-// Row-major C (m x n) = op(A) op(B) + beta C, op(X) = X^T where the flag says; lda, ldb, ldc the
-// row strides. BLAS is column-major: it computes C^T = op(B)^T op(A)^T on the same memory.
-template <typename T>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  const char opa = tb ? 'T' : 'N', opb = ta ? 'T' : 'N';
-  const int M = n, N = m, K = k, LA = ldb, LB = lda, LC = ldc;
-  static_assert(std::is_same_v<T, float>, "linvit's cores compute in float32");
-  const T one = 1;
-  sgemm_(&opa, &opb, &M, &N, &K, &one, b, &LA, a, &LB, &beta, c, &LC);
-}
-
 using linvit::Feature;
+using linvit::FeatureGrads;
+using linvit::gemm;
+using linvit::scratch;
 using linvit::T;
-
-// A scratch buffer per thread, reused across tasks and calls (no allocation per block).
-T* scratch(int slot, int64_t size) {
-  thread_local std::vector<T> buffers[3];
-  if ((int64_t)buffers[slot].size() < size) buffers[slot].resize(size);
-  return buffers[slot].data();
-}
 
 // The tasks: (head, block of rows), rows [lo, hi) of head h; `index` numbers the head's blocks.
 struct Blocks {
@@ -78,9 +48,9 @@ void each_block(const Blocks& b, F fn) {
 
 // (out, s, z): out (BH, N, Dv), s (BH, Dk, Dv), z (BH, Dk) (empty when not normalised).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Feature& f,
-    bool normalize, double eps, int64_t rows) {
-  const int64_t H = q.size(0), N = q.size(1), Dk = q.size(2), Dv = v.size(2);
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Feature& fq,
+    const Feature& fk, bool normalize, double eps, int64_t rows) {
+  const int64_t H = q.size(0), N = q.size(1), Dx = fq.dx, Dk = fq.dk, Dv = v.size(2);
   const Blocks b(H, N, rows);
   auto opts = q.options();
   auto s_part = at::empty({H, b.count, Dk, Dv}, opts);
@@ -89,10 +59,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   T *sp = s_part.data_ptr<T>(), *zp = z_part.data_ptr<T>();
   each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
     const int64_t R = hi - lo, part = h * b.count + index;
-    T* phi = scratch(0, R * Dk);
-    linvit::features(kp + (h * N + lo) * Dk, phi, R, Dk, f, h);
-    gemm<T>(true, false, Dk, Dv, R, phi, Dk, vp + (h * N + lo) * Dv, Dv, T(0),
-            sp + part * Dk * Dv, Dv);                                  // phi_k^T v
+    T* phi = scratch(linvit::kPhi, R * Dk);
+    linvit::features(kp + (h * N + lo) * Dx, phi, R, fk, h);
+    gemm(true, false, Dk, Dv, R, phi, Dk, vp + (h * N + lo) * Dv, Dv, T(0), sp + part * Dk * Dv,
+         Dv);                                                             // phi_k^T v
     T* zs = zp + part * Dk;
     for (int64_t i = 0; i < R; ++i)
       for (int64_t c = 0; c < Dk; ++c) zs[c] += phi[i * Dk + c];
@@ -104,9 +74,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   T* o = out.data_ptr<T>();
   each_block(b, [&](int64_t h, int64_t, int64_t lo, int64_t hi) {
     const int64_t R = hi - lo;
-    T *phi = scratch(0, R * Dk), *op = o + (h * N + lo) * Dv;
-    linvit::features(qp + (h * N + lo) * Dk, phi, R, Dk, f, h);
-    gemm<T>(false, false, R, Dv, Dk, phi, Dk, sh + h * Dk * Dv, Dv, T(0), op, Dv);  // phi_q S
+    T *phi = scratch(linvit::kPhi, R * Dk), *op = o + (h * N + lo) * Dv;
+    linvit::features(qp + (h * N + lo) * Dx, phi, R, fq, h);
+    gemm(false, false, R, Dv, Dk, phi, Dk, sh + h * Dk * Dv, Dv, T(0), op, Dv);  // phi_q S
     if (!normalize) return;
     const T* zr = zh + h * Dk;
     for (int64_t i = 0; i < R; ++i) {
@@ -119,27 +89,52 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   return {out, s, z};
 }
 
+// One side's per-block partial sums of its map's parameter gradients: (BH, blocks, size).
+struct ParamParts {
+  at::Tensor dsp, dw, db;
+  ParamParts(const Feature& f, int64_t H, int64_t count, const at::TensorOptions& opts) {
+    const bool focused = f.kind == linvit::kFocused, hedgehog = f.kind == linvit::kHedgehog;
+    dsp = at::zeros({focused ? H : 0, count, f.dx}, opts);
+    dw = at::zeros({hedgehog ? H : 0, count, f.dx, f.dx}, opts);
+    db = at::zeros({hedgehog ? H : 0, count, f.dx}, opts);
+  }
+  FeatureGrads at(int64_t part, int64_t dx) const {
+    auto ptr = [&](const at::Tensor& t, int64_t size) {
+      return t.numel() ? t.data_ptr<T>() + part * size : nullptr;
+    };
+    return {ptr(dsp, dx), ptr(dw, dx * dx), ptr(db, dx)};
+  }
+  std::vector<at::Tensor> sums() const {
+    std::vector<at::Tensor> out;
+    for (const auto* t : {&dsp, &dw, &db})
+      if (t->numel()) out.push_back(t->sum(1));
+    return out;
+  }
+};
+
 // The pointers backward reads and writes, with the sizes.
 struct Grads {
   const T *g, *q, *k, *v, *out, *s, *z;
-  T *dq, *dk, *dv, *ds_part, *dz_part, *dsp_part;
-  int64_t N, Dk, Dv, count;
-  Feature f;
+  T *dq, *dk, *dv, *ds_part, *dz_part;
+  int64_t N, Dv, count;
+  Feature fq, fk;
+  const ParamParts *pq, *pk;
   bool normalize;
   double eps;
 };
 
-// The query side of backward for one block: its dq rows, and its shares of dS and dz.
+// The query side of backward for one block: its dq rows, and its shares of dS, dz and the
+// query map's parameter gradients.
 void query_block(const Grads& a, int64_t h, int64_t index, int64_t lo, int64_t hi) {
-  const int64_t R = hi - lo, Dk = a.Dk, Dv = a.Dv, part = h * a.count + index;
-  T* phi = scratch(0, R * Dk);
-  const T* x = a.q + (h * a.N + lo) * Dk;
-  linvit::features(x, phi, R, Dk, a.f, h);
+  const int64_t R = hi - lo, Dx = a.fq.dx, Dk = a.fq.dk, Dv = a.Dv, part = h * a.count + index;
+  T* phi = scratch(linvit::kPhi, R * Dk);
+  const T* x = a.q + (h * a.N + lo) * Dx;
+  linvit::features(x, phi, R, a.fq, h);
   const T *g = a.g + (h * a.N + lo) * Dv, *dn = g;
   const T* z = a.normalize ? a.z + h * Dk : nullptr;
-  T* dden = scratch(2, R);
+  T* dden = scratch(linvit::kDen, R);
   if (a.normalize) {  // dnum = g / den, dden = -(dnum . o): o is the normalised output
-    T* dnum = scratch(1, R * Dv);
+    T* dnum = scratch(linvit::kNum, R * Dv);
     const T* o = a.out + (h * a.N + lo) * Dv;
     for (int64_t i = 0; i < R; ++i) {
       T den = T(a.eps), dot = T(0);
@@ -153,59 +148,63 @@ void query_block(const Grads& a, int64_t h, int64_t index, int64_t lo, int64_t h
     }
     dn = dnum;
   }
-  T* dq = a.dq + (h * a.N + lo) * Dk;
-  gemm<T>(false, true, R, Dk, Dv, dn, Dv, a.s + h * Dk * Dv, Dv, T(0), dq, Dk);  // dnum S^T
-  gemm<T>(true, false, Dk, Dv, R, phi, Dk, dn, Dv, T(0), a.ds_part + part * Dk * Dv,
-          Dv);                                                                  // phi^T dnum
+  T* dq = a.dq + (h * a.N + lo) * Dx;
+  T* dphi = Dk == Dx ? dq : scratch(linvit::kDphi, R * Dk);
+  gemm(false, true, R, Dk, Dv, dn, Dv, a.s + h * Dk * Dv, Dv, T(0), dphi, Dk);  // dnum S^T
+  gemm(true, false, Dk, Dv, R, phi, Dk, dn, Dv, T(0), a.ds_part + part * Dk * Dv,
+       Dv);                                                                     // phi^T dnum
   if (a.normalize) {  // dphi_q += dden z^T; dz += phi^T dden
     T* dz = a.dz_part + part * Dk;
     for (int64_t i = 0; i < R; ++i)
       for (int64_t c = 0; c < Dk; ++c) {
         dz[c] += phi[i * Dk + c] * dden[i];
-        dq[i * Dk + c] += dden[i] * z[c];
+        dphi[i * Dk + c] += dden[i] * z[c];
       }
   }
-  linvit::through_features(x, phi, dq, R, Dk, a.f, h, a.dsp_part + part * Dk);
+  linvit::through_features(x, phi, dphi, dq, R, a.fq, h, a.pq->at(part, Dx));
 }
 
 // The key side of backward for one block: its dk and dv rows, from the summed dS and dz.
 void key_block(const Grads& a, const T* ds, const T* dz, int64_t h, int64_t index, int64_t lo,
                int64_t hi) {
-  const int64_t R = hi - lo, Dk = a.Dk, Dv = a.Dv;
-  T* phi = scratch(0, R * Dk);
-  const T* x = a.k + (h * a.N + lo) * Dk;
-  linvit::features(x, phi, R, Dk, a.f, h);
-  T* dk = a.dk + (h * a.N + lo) * Dk;
+  const int64_t R = hi - lo, Dx = a.fk.dx, Dk = a.fk.dk, Dv = a.Dv;
+  T* phi = scratch(linvit::kPhi, R * Dk);
+  const T* x = a.k + (h * a.N + lo) * Dx;
+  linvit::features(x, phi, R, a.fk, h);
+  T* dk = a.dk + (h * a.N + lo) * Dx;
+  T* dphi = Dk == Dx ? dk : scratch(linvit::kDphi, R * Dk);
   const T* dsh = ds + h * Dk * Dv;
-  gemm<T>(false, true, R, Dk, Dv, a.v + (h * a.N + lo) * Dv, Dv, dsh, Dv, T(0), dk,
-          Dk);                                                           // v dS^T (+ dz)
-  gemm<T>(false, false, R, Dv, Dk, phi, Dk, dsh, Dv, T(0), a.dv + (h * a.N + lo) * Dv,
-          Dv);                                                           // dv = phi_k dS
+  gemm(false, true, R, Dk, Dv, a.v + (h * a.N + lo) * Dv, Dv, dsh, Dv, T(0), dphi,
+       Dk);                                                               // v dS^T (+ dz)
+  gemm(false, false, R, Dv, Dk, phi, Dk, dsh, Dv, T(0), a.dv + (h * a.N + lo) * Dv,
+       Dv);                                                               // dv = phi_k dS
   if (a.normalize) {
     const T* dzh = dz + h * Dk;
     for (int64_t i = 0; i < R; ++i)
-      for (int64_t c = 0; c < Dk; ++c) dk[i * Dk + c] += dzh[c];
+      for (int64_t c = 0; c < Dk; ++c) dphi[i * Dk + c] += dzh[c];
   }
-  linvit::through_features(x, phi, dk, R, Dk, a.f, h, a.dsp_part + (h * a.count + index) * Dk);
+  linvit::through_features(x, phi, dphi, dk, R, a.fk, h, a.pk->at(h * a.count + index, Dx));
 }
 
-// (dq, dk, dv, dsp): dsp (BH, Dk) is dL/d softplus(s) for the focused map, else empty.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
+// (dq, dk, dv, the maps' parameter gradients: focused [dsp], hedgehog [dwq, dbq, dwk, dbk]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> backward_impl(
     const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& s, const at::Tensor& z, const Feature& f,
-    bool normalize, double eps, int64_t rows) {
-  const int64_t H = q.size(0), N = q.size(1), Dk = q.size(2), Dv = v.size(2);
+    const at::Tensor& out, const at::Tensor& s, const at::Tensor& z, const Feature& fq,
+    const Feature& fk, bool normalize, double eps, int64_t rows) {
+  const int64_t H = q.size(0), N = q.size(1), Dk = fq.dk, Dv = v.size(2);
   const Blocks b(H, N, rows);
   auto opts = q.options();
   auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   auto ds_part = at::empty({H, b.count, Dk, Dv}, opts);
   auto dz_part = at::zeros({H, b.count, Dk}, opts);
-  auto dsp_part = at::zeros({f.kind == linvit::kFocused ? H : 0, b.count, Dk}, opts);
+  const ParamParts pq(fq, H, b.count, opts);
+  const bool shared = fq.kind == linvit::kFocused;  // one scale for queries and keys
+  const ParamParts pk_own(shared ? Feature{} : fk, H, b.count, opts);
+  const ParamParts* pk = shared ? &pq : &pk_own;
   const Grads a{g.data_ptr<T>(), q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(),
                 out.data_ptr<T>(), s.data_ptr<T>(), normalize ? z.data_ptr<T>() : nullptr,
                 dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>(), ds_part.data_ptr<T>(),
-                dz_part.data_ptr<T>(), dsp_part.data_ptr<T>(), N, Dk, Dv, b.count, f, normalize,
-                eps};
+                dz_part.data_ptr<T>(), N, Dv, b.count, fq, fk, &pq, pk, normalize, eps};
   each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
     query_block(a, h, index, lo, hi);
   });
@@ -214,44 +213,62 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
   each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
     key_block(a, dsp, dzp, h, index, lo, hi);
   });
-  return {dq, dk, dv, dsp_part.sum(1)};
+  auto params = pq.sums();
+  for (auto& t : pk_own.sums()) params.push_back(t);
+  return {dq, dk, dv, params};
 }
 
-void check(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.dim() == 3 && t.is_contiguous() &&
+void check(const at::Tensor& t, const char* name, int64_t dim = 3) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == dim && t.is_contiguous() &&
                   t.scalar_type() == at::kFloat,
-              "linvit linear attention: ", name, " must be a contiguous float32 (B*H, N, d) CPU "
-              "tensor");
+              "linvit linear attention: ", name, " must be a contiguous float32 CPU tensor of ",
+              dim, " dims");
 }
 
-// The feature map of the call: `sp`, for the focused map, is softplus(s) as (B*H, Dk).
-Feature feature(const at::Tensor& q, int64_t kind, const c10::optional<at::Tensor>& sp,
-                double p, int64_t rows) {
+// The feature maps of queries and keys from the call's `params`: none (identity, elu + 1),
+// [softplus(s) (BH, dx)] (focused, both sides), [Wq, bq, Wk, bk] (hedgehog, per side).
+std::pair<Feature, Feature> features_of(const at::Tensor& q, int64_t kind, double p,
+                                        const std::vector<at::Tensor>& params, int64_t rows) {
   TORCH_CHECK(rows > 0, "linvit linear attention: rows must be positive");
-  TORCH_CHECK(kind >= linvit::kIdentity && kind <= linvit::kFocused,
+  TORCH_CHECK(kind >= linvit::kIdentity && kind <= linvit::kHedgehog,
               "linvit linear attention: unknown feature map code ", kind);
-  if (kind != linvit::kFocused) return {kind, nullptr, T(p)};
-  TORCH_CHECK(sp.has_value() && sp->is_contiguous() && sp->scalar_type() == at::kFloat &&
-                  sp->dim() == 2 && sp->size(0) == q.size(0) && sp->size(1) == q.size(2),
-              "linvit linear attention: the focused map needs softplus(s) as a contiguous "
-              "float32 (B*H, Dk) tensor");
-  return {kind, sp->data_ptr<T>(), T(p)};
+  const int64_t dx = q.size(2);
+  const size_t wanted = kind == linvit::kFocused ? 1 : kind == linvit::kHedgehog ? 4 : 0;
+  TORCH_CHECK(params.size() == wanted, "linvit linear attention: feature map ", kind, " takes ",
+              wanted, " parameter tensors, got ", params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const bool weight = kind == linvit::kHedgehog && i % 2 == 0;
+    check(params[i], "a feature map's parameter", weight ? 3 : 2);
+    TORCH_CHECK(params[i].size(0) == q.size(0) && params[i].size(-1) == dx &&
+                    (!weight || params[i].size(1) == dx),
+                "linvit linear attention: a feature map's parameter has the wrong shape");
+  }
+  Feature f{kind, dx, kind == linvit::kHedgehog ? 2 * dx : dx, nullptr, T(p), nullptr, nullptr};
+  Feature fq = f, fk = f;
+  if (kind == linvit::kFocused) fq.sp = fk.sp = params[0].data_ptr<T>();
+  if (kind == linvit::kHedgehog) {
+    fq.w = params[0].data_ptr<T>(), fq.b = params[1].data_ptr<T>();
+    fk.w = params[2].data_ptr<T>(), fk.b = params[3].data_ptr<T>();
+  }
+  return {fq, fk};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t kind, bool normalize,
-    double eps, int64_t rows, const c10::optional<at::Tensor>& sp, double p) {
+    double eps, int64_t rows, const std::vector<at::Tensor>& params, double p) {
   check(q, "q"), check(k, "k"), check(v, "v");
-  return forward_impl(q, k, v, feature(q, kind, sp, p, rows), normalize, eps, rows);
+  const auto [fq, fk] = features_of(q, kind, p, params, rows);
+  return forward_impl(q, k, v, fq, fk, normalize, eps, rows);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> backward(
     const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& s, const at::Tensor& z, int64_t kind,
-    bool normalize, double eps, int64_t rows, const c10::optional<at::Tensor>& sp, double p) {
+    bool normalize, double eps, int64_t rows, const std::vector<at::Tensor>& params, double p) {
   check(g, "grad"), check(q, "q"), check(k, "k"), check(v, "v"), check(out, "out");
-  return backward_impl(g, q, k, v, out, s.contiguous(), z.contiguous(),
-                       feature(q, kind, sp, p, rows), normalize, eps, rows);
+  const auto [fq, fk] = features_of(q, kind, p, params, rows);
+  return backward_impl(g, q, k, v, out, s.contiguous(), z.contiguous(), fq, fk, normalize, eps,
+                       rows);
 }
 
 }  // namespace
@@ -261,10 +278,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
 // fake kernels that linvit.ops.cpp_kernels registers.
 TORCH_LIBRARY(linvit_cpu, m) {
   m.def("linear_forward(Tensor q, Tensor k, Tensor v, int kind, bool normalize, float eps, "
-        "int rows, Tensor? sp, float p) -> (Tensor, Tensor, Tensor)");
+        "int rows, Tensor[] params, float p) -> (Tensor, Tensor, Tensor)");
   m.def("linear_backward(Tensor g, Tensor q, Tensor k, Tensor v, Tensor out, Tensor s, "
-        "Tensor z, int kind, bool normalize, float eps, int rows, Tensor? sp, float p) -> "
-        "(Tensor, Tensor, Tensor, Tensor)");
+        "Tensor z, int kind, bool normalize, float eps, int rows, Tensor[] params, float p) -> "
+        "(Tensor, Tensor, Tensor, Tensor[])");
 }
 
 TORCH_LIBRARY_IMPL(linvit_cpu, CPU, m) {

@@ -1,0 +1,30 @@
+// BLAS as torch's x86 wheels export it (MKL's Fortran interface), for linvit's C++ kernel: each
+// block's products run as one plain call, with none of at::mm's dispatch, checks and allocation,
+// which cost more than the product itself at these sizes.
+#pragma once
+
+#include <cstdint>
+
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
+            const float*, const int*, const float*, const int*, const float*, float*, const int*);
+// MKL threads its own calls even inside another parallel region (torch turns its dynamic
+// adjustment off): each task asks for one thread; weak, so that other BLAS builds still load.
+int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
+}
+
+namespace linvit {
+
+using T = float;  // linvit's cores compute in float32 (the Python side casts)
+
+// Row-major C (m x n) = op(A) op(B) + beta C, op(X) = X^T where the flag says; lda, ldb, ldc the
+// row strides. BLAS is column-major: it computes C^T = op(B)^T op(A)^T on the same memory.
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                 const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const char opa = tb ? 'T' : 'N', opb = ta ? 'T' : 'N';
+  const int M = n, N = m, K = k, LA = ldb, LB = lda, LC = ldc;
+  const T one = 1;
+  sgemm_(&opa, &opb, &M, &N, &K, &one, b, &LA, a, &LB, &beta, c, &LC);
+}
+
+}  // namespace linvit
