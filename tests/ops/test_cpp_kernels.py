@@ -12,6 +12,7 @@ import torch
 from linvit.attention import OPERATORS
 from linvit.ops import cpp_kernels
 from linvit.ops.backends import backend
+from linvit.ops.definitions import NORMALISER_EPS
 from linvit.ops.linear_attention import focused_linear_attention, linear_attention
 from linvit.runs.environment import environment
 
@@ -28,11 +29,15 @@ def fresh_state(monkeypatch):
 
 
 @needs_compiler
-def test_the_cpu_default_runs_the_kernel():
-    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
+@pytest.mark.parametrize("kind,normalize", VARIANTS)
+def test_the_cpu_default_runs_the_kernel_where_there_is_something_to_fuse(kind, normalize):
+    """A feature map or a normaliser: the kernel; neither (InLine's core): batched bmm."""
+    q, k, v = (torch.rand(1, 2, 9, 8, requires_grad=True) for _ in range(3))
     with backend("torch"):
-        out = linear_attention(q, k, v, "elu1")
-    assert type(out.grad_fn).__name__ == "CppLinearAttentionBackward"
+        out = linear_attention(q, k, v, kind, normalize)
+    kernel = kind != "identity" or normalize
+    assert type(out.grad_fn).__name__ == ("CppLinearAttentionBackward" if kernel
+                                          else "FusedLinearAttentionBackward")
 
 
 @needs_compiler
@@ -47,8 +52,10 @@ def test_kernel_matches_reference_on_awkward_shapes(monkeypatch, kind, normalize
                                                     rows):
     monkeypatch.setattr(cpp_kernels, "ROWS", rows)
     qkv, grad = inputs(shape, dv, kind=kind, normalize=normalize, seed=3)
-    assert_match(run("torch", qkv, grad, kind, normalize),
-                 run("reference", qkv, grad, kind, normalize))
+    leaves = [t.clone().requires_grad_() for t in qkv]   # the kernel called directly: the
+    out = cpp_kernels.cpp_linear_attention(*leaves, kind, normalize, NORMALISER_EPS)  # dispatch
+    got = (out, *torch.autograd.grad(out, leaves, grad))  # leaves (identity, unnormalised) to bmm
+    assert_match(got, run("reference", qkv, grad, kind, normalize))
 
 
 @needs_compiler

@@ -76,7 +76,10 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: st
         return triton_linear_attention(q, k, v, kind, normalize, eps)
     if name == "reference":
         return _reference(q, k, v, kind, normalize, eps)
-    if not q.is_cuda and cpp_kernels.load():         # the torch path, or triton's fallback
+    # the torch path (or triton's fallback) on the CPU; with neither feature map nor normaliser
+    # (InLine) nothing is left to fuse around the two products, and batched bmm was as fast at
+    # N=4096 and up to 15% faster at 50 tokens per head
+    if not q.is_cuda and (kind != "identity" or normalize) and cpp_kernels.load():
         return cpp_kernels.cpp_linear_attention(q, k, v, kind, normalize, eps)
     return fused_linear_attention(q, k, v, kind, normalize, eps)
 
