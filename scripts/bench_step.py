@@ -14,6 +14,9 @@ Variants, each timed over the same `--steps` batches in every repeat (order rota
   linvit fused     eager, with torch's fused AdamW kernel (fused=True)
   linvit bf16      (CPU) eager under bf16 autocast, as run.amp=auto trains on a CPU with
                    AVX512-BF16 and no AMX (runs.runtime.bf16_pays)
+  linvit no C++    (CPU) eager with linvit's C++ linear-attention kernel turned off (the fused
+                   PyTorch core, as LINVIT_CPP=0 runs): what the kernel gives a feature-map
+                   operator's step (every other variant runs it where it loads)
 Prints each variant's median images/s with its range, the ratio to timm eager, and for the
 compiled step the compile time and its ratio over a cell of `--cell-steps` steps (the default
 grid's cell: 6,000 images in batches of 128). Measurements go to a dated page under docs/.
@@ -35,6 +38,7 @@ from timm.optim import create_optimizer_v2  # noqa: E402
 from timm.scheduler import create_scheduler_v2  # noqa: E402
 
 from linvit.models import ModelSpec, create_vit  # noqa: E402
+from linvit.ops import cpp_kernels  # noqa: E402
 from linvit.runs.runtime import Runtime  # noqa: E402
 from linvit.train.loop import train_one_epoch  # noqa: E402
 from linvit.train.objectives import ClassificationObjective  # noqa: E402
@@ -93,6 +97,17 @@ def linvit_step(args, batches, backend=None, bf16=None, **opt_kwargs):
                                    params=params)
 
 
+def without_kernel(fn):
+    """fn with linvit's C++ kernel turned off for its duration (the fused PyTorch core runs)."""
+    def run():
+        real, cpp_kernels.load = cpp_kernels.load, lambda: False
+        try:
+            fn()
+        finally:
+            cpp_kernels.load = real
+    return run
+
+
 def seconds(fn) -> float:
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
@@ -127,6 +142,7 @@ def main() -> int:
                 "linvit fused": linvit_step(args, batches, fused=True)}
     if args.device == "cpu":
         variants["linvit bf16"] = linvit_step(args, batches, bf16=True)
+        variants["linvit no C++"] = without_kernel(linvit_step(args, batches))
     compiled = linvit_step(args, batches, backend=args.backend)
     compile_s = seconds(compiled)             # first pass: tracing and code generation included
     variants[f"linvit compiled ({args.backend})"] = compiled

@@ -75,9 +75,10 @@ def test_kernel_takes_strided_and_half_precision_inputs():
 
 
 @needs_compiler
-def test_kernel_compiles_into_a_model_graph():
+def test_kernel_compiles_into_a_model_graph(fresh_state):
     """torch.compile traces forward and backward through the ops (AOT autograd, on their fake
-    kernels) in one graph, with the eager results."""
+    kernels) in one graph, with the eager results, even where the first question whether the
+    kernel loads comes inside the trace (a compiled model's first step)."""
     def step(fn):
         leaves = [t.clone().requires_grad_() for t in qkv]
         out = fn(*leaves)
@@ -85,9 +86,10 @@ def test_kernel_compiles_into_a_model_graph():
     qkv = [torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 12)]
     torch._dynamo.reset()
     with backend("torch"):
-        want = step(lambda q, k, v: linear_attention(q, k, v, "elu1"))
         got = step(torch.compile(lambda q, k, v: linear_attention(q, k, v, "elu1"),
                                  backend="aot_eager", fullgraph=True))
+        want = step(lambda q, k, v: linear_attention(q, k, v, "elu1"))
+    assert cpp_kernels.status() == "C++ kernel"
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
 

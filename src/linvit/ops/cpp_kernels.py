@@ -37,6 +37,7 @@ ROWS = 512           # rows per task: a block of q, k, v and its buffers stay in
 FEATURE_CODES = {"identity": 0, "elu1": 1, "focused": 2, "hedgehog": 3}   # feature_maps.h's Kind
 
 _STATE: dict[str, object] = {}     # "ok": bool, "reason": why not
+_FAKES: list[bool] = []
 
 
 def cache_dir() -> Path:
@@ -57,6 +58,9 @@ def build_key() -> str:
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
+# Under torch.compile the first call may come inside a trace: dynamo then runs it eagerly and
+# takes its answer as a constant (no graph break, and the build does not happen in the graph).
+@torch._dynamo.assume_constant_result
 def load() -> bool:
     """Build (once) and load the kernel; False, with the reason logged once, where it cannot."""
     if "ok" in _STATE:
@@ -109,7 +113,11 @@ def runs_on(t: torch.Tensor) -> bool:
 
 
 def _register_fake() -> None:
-    """Shapes for torch.compile's tracing: the ops are opaque to it, as any extension's are."""
+    """Shapes for torch.compile's tracing: the ops are opaque to it, as any extension's are.
+    Once per process (a second registration is an error; load() may be asked again in tests)."""
+    if _FAKES:
+        return
+    _FAKES.append(True)
     lib = "linvit_cpu::"
 
     @torch.library.register_fake(lib + "linear_forward")
