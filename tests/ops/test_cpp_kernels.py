@@ -175,17 +175,28 @@ def test_feature_map_operators_take_the_kernel_across_blocks(monkeypatch, name):
     monkeypatch.setattr(cpp_kernels, "ROWS", 8)
     torch.manual_seed(1)
     op = OPERATORS[name](96, num_heads=4)
-    op.set_token_layout(1, (7, 7))
+    op.set_token_layout(1, (11, 11))        # 122 tokens: past InLine's CENTRED_MIN_TOKENS
     own = [p for n, p in op.named_parameters() if n in op.operator_specific_parameters()]
     with torch.no_grad():
         for p in own:
             p.add_(0.1 * torch.randn_like(p))
-    qkv, grad = inputs((2, 4, 50, 24), 24, seed=2)
+    qkv, grad = inputs((2, 4, 122, 24), 24, seed=2)
     results = {}
     for be in ("reference", "torch"):
         leaves = [t.clone().requires_grad_() for t in qkv]
         with backend(be):
             out = op.global_mix(*leaves)
         results[be] = (out, *torch.autograd.grad(out, leaves + own, grad, allow_unused=True))
-    assert type(out.grad_fn).__name__ in ("CppLinearAttentionBackward", "_PlusMeanValueBackward")
+    assert type(out.grad_fn).__name__ == "CppLinearAttentionBackward"
     assert_match(results["torch"], results["reference"], rtol=2e-5)
+
+
+@needs_compiler
+def test_inline_takes_the_kernel_from_its_threshold_on(monkeypatch):
+    op = OPERATORS["inline"](48, num_heads=2)
+    n = cpp_kernels.CENTRED_MIN_TOKENS
+    for tokens, kernel in ((n - 1, False), (n, True)):
+        q, k, v = (torch.randn(1, 2, tokens, 24, requires_grad=True) for _ in range(3))
+        with backend("torch"):
+            out = op.global_mix(q, k, v)
+        assert (type(out.grad_fn).__name__ == "CppLinearAttentionBackward") == kernel, tokens

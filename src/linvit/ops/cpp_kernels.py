@@ -34,7 +34,11 @@ SOURCE = Path(__file__).parent / "csrc" / "linear_attention.cpp"      # includes
 # OpenMP pragmas then run on torch's own OpenMP runtime, which the kernel links through torch.
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 ROWS = 512           # rows per task: a block of q, k, v and its buffers stay in L2
-FEATURE_CODES = {"identity": 0, "elu1": 1, "focused": 2, "hedgehog": 3}   # feature_maps.h's Kind
+# InLine's core takes the kernel from this many tokens (measured crossover: ~80, see
+# docs/2026-12-05-cpp-linear-attention.md); the maps with passes to fuse take it at any length
+CENTRED_MIN_TOKENS = 100
+# feature_maps.h's Kind ("inline": InLine's centred core, identity features, p its scale)
+FEATURE_CODES = {"identity": 0, "elu1": 1, "focused": 2, "hedgehog": 3, "inline": 4}
 
 _STATE: dict[str, object] = {}     # "ok": bool, "reason": why not
 _FAKES: list[bool] = []
@@ -125,6 +129,8 @@ def _register_fake() -> None:
         bh, n, dx = q.shape
         dk, dv = (2 * dx if kind == FEATURE_CODES["hedgehog"] else dx), v.shape[-1]
         z = q.new_empty(bh, dk) if normalize else q.new_empty(0)
+        if kind == FEATURE_CODES["inline"]:              # the means of k and v
+            z = q.new_empty(bh, dk + dv)
         return q.new_empty(bh, n, dv), q.new_empty(bh, dk, dv), z
 
     @torch.library.register_fake(lib + "linear_backward")

@@ -123,6 +123,10 @@ def injective_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     construction, so there is no division and no epsilon: nothing here can divide by ~0. The
     centring and the mean are O(N d) in PyTorch; the state and output go to the unnormalised core.
     """
+    # the centring on the sums, inside the CPU kernel; below CENTRED_MIN_TOKENS its per-block
+    # calls cost more than batched bmm and a few passes
+    if q.shape[2] >= cpp_kernels.CENTRED_MIN_TOKENS and cpp_kernels.runs_on(q):
+        return cpp_kernels.cpp_linear_attention(q, k, v, "inline", False, 0.0, scale)
     dtype = v.dtype
     q, k, v = _f32(q, k, v)
     out = linear_attention(q, _CentredKeys.apply(k, scale), v, normalize=False)

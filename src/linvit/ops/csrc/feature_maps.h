@@ -13,11 +13,14 @@
 
 namespace linvit {
 
-enum Kind : int64_t { kIdentity = 0, kElu1 = 1, kFocused = 2, kHedgehog = 3 };
+// kInline: InLine's core, identity features with the keys centred and scaled and the mean of V
+// added (linear_attention.cpp does the centring on the sums; the map itself is the identity).
+enum Kind : int64_t { kIdentity = 0, kElu1 = 1, kFocused = 2, kHedgehog = 3, kInline = 4 };
 constexpr T kFloor = 1e-6f;  // focused_features.FLOOR
 
 // A feature map of one side (queries or keys) with its parameters, per head of B*H:
-// focused: softplus(s) (BH, dx) and the power p; hedgehog: W (BH, dx, dx) and b (BH, dx).
+// focused: softplus(s) (BH, dx) and the power p; hedgehog: W (BH, dx, dx) and b (BH, dx);
+// inline: p is the scale s.
 struct Feature {
   int64_t kind, dx, dk;  // input width, feature width (2 dx for hedgehog, else dx)
   const T* sp;
@@ -142,7 +145,7 @@ inline void hedgehog_grad(const T* x, const T* phi, const T* grad, T* dx, int64_
 
 // phi(x) of R rows of head h: x (R, dx) -> phi (R, dk).
 inline void features(const T* x, T* phi, int64_t R, const Feature& f, int64_t h) {
-  if (f.kind == kIdentity) {
+  if (f.kind == kIdentity || f.kind == kInline) {
     std::copy(x, x + R * f.dx, phi);
   } else if (f.kind == kElu1) {
     for (int64_t i = 0; i < R * f.dx; ++i)  // elu(x) + 1 = exp(min(x, 0)) + max(x, 0)

@@ -53,10 +53,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   const int64_t H = q.size(0), N = q.size(1), Dx = fq.dx, Dk = fq.dk, Dv = v.size(2);
   const Blocks b(H, N, rows);
   auto opts = q.options();
+  const bool centred = fq.kind == linvit::kInline;
   auto s_part = at::empty({H, b.count, Dk, Dv}, opts);
   auto z_part = at::zeros({H, b.count, Dk}, opts);
+  auto v_part = at::zeros({centred ? H : 0, b.count, Dv}, opts);
   const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
-  T *sp = s_part.data_ptr<T>(), *zp = z_part.data_ptr<T>();
+  T *sp = s_part.data_ptr<T>(), *zp = z_part.data_ptr<T>(), *vs = v_part.data_ptr<T>();
   each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
     const int64_t R = hi - lo, part = h * b.count + index;
     T* phi = scratch(linvit::kPhi, R * Dk);
@@ -66,9 +68,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     T* zs = zp + part * Dk;
     for (int64_t i = 0; i < R; ++i)
       for (int64_t c = 0; c < Dk; ++c) zs[c] += phi[i * Dk + c];
+    if (!centred) return;
+    const T* vr = vp + (h * N + lo) * Dv;
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t c = 0; c < Dv; ++c) vs[part * Dv + c] += vr[i * Dv + c];
   });
   auto s = s_part.sum(1);
   auto z = normalize ? z_part.sum(1) : at::empty({0}, opts);
+  if (centred) {  // s (K - kbar)^T V = s (S - N kbar vbar^T); z carries [kbar, vbar]
+    auto means = at::cat({z_part.sum(1), v_part.sum(1)}, 1).div_(N);
+    auto kbar = means.narrow(1, 0, Dk), vbar = means.narrow(1, Dk, Dv);
+    s.sub_(kbar.unsqueeze(2) * vbar.unsqueeze(1) * N).mul_(fq.p);
+    z = means;
+  }
   auto out = at::empty({H, N, Dv}, opts);
   const T *sh = s.data_ptr<T>(), *zh = normalize ? z.data_ptr<T>() : nullptr;
   T* o = out.data_ptr<T>();
@@ -77,6 +89,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     T *phi = scratch(linvit::kPhi, R * Dk), *op = o + (h * N + lo) * Dv;
     linvit::features(qp + (h * N + lo) * Dx, phi, R, fq, h);
     gemm(false, false, R, Dv, Dk, phi, Dk, sh + h * Dk * Dv, Dv, T(0), op, Dv);  // phi_q S
+    if (centred) {  // + mean_t v
+      const T* vbar = z.data_ptr<T>() + h * (Dk + Dv) + Dk;
+      for (int64_t i = 0; i < R; ++i)
+        for (int64_t c = 0; c < Dv; ++c) op[i * Dv + c] += vbar[c];
+    }
     if (!normalize) return;
     const T* zr = zh + h * Dk;
     for (int64_t i = 0; i < R; ++i) {
@@ -115,7 +132,7 @@ struct ParamParts {
 // The pointers backward reads and writes, with the sizes.
 struct Grads {
   const T *g, *q, *k, *v, *out, *s, *z;
-  T *dq, *dk, *dv, *ds_part, *dz_part;
+  T *dq, *dk, *dv, *ds_part, *dz_part, *gsum_part;  // gsum: InLine's column sums of grad
   int64_t N, Dv, count;
   Feature fq, fk;
   const ParamParts *pq, *pk;
@@ -161,7 +178,31 @@ void query_block(const Grads& a, int64_t h, int64_t index, int64_t lo, int64_t h
         dphi[i * Dk + c] += dden[i] * z[c];
       }
   }
+  if (a.fq.kind == linvit::kInline) {  // the mean of V's share: dv += sum_t g_t / N
+    T* gs = a.gsum_part + part * Dv;
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t c = 0; c < Dv; ++c) gs[c] += g[i * Dv + c];
+  }
   linvit::through_features(x, phi, dphi, dq, R, a.fq, h, a.pq->at(part, Dx));
+}
+
+// InLine's key side: dk = (v - vbar) dS^T, dv = (k - kbar) dS + gbar, with dS already scaled.
+void centred_key_block(const Grads& a, const T* ds, const T* gbar, int64_t h, int64_t lo,
+                       int64_t hi) {
+  const int64_t R = hi - lo, Dk = a.fk.dx, Dv = a.Dv;
+  const T *kbar = a.z + h * (Dk + Dv), *vbar = kbar + Dk, *dsh = ds + h * Dk * Dv;
+  T *kc = scratch(linvit::kPhi, R * Dk), *vc = scratch(linvit::kDphi, R * Dv);
+  const T *kr = a.k + (h * a.N + lo) * Dk, *vr = a.v + (h * a.N + lo) * Dv;
+  for (int64_t i = 0; i < R; ++i) {
+    for (int64_t c = 0; c < Dk; ++c) kc[i * Dk + c] = kr[i * Dk + c] - kbar[c];
+    for (int64_t c = 0; c < Dv; ++c) vc[i * Dv + c] = vr[i * Dv + c] - vbar[c];
+  }
+  gemm(false, true, R, Dk, Dv, vc, Dv, dsh, Dv, T(0), a.dk + (h * a.N + lo) * Dk, Dk);
+  T* dv = a.dv + (h * a.N + lo) * Dv;
+  gemm(false, false, R, Dv, Dk, kc, Dk, dsh, Dv, T(0), dv, Dv);
+  const T* gb = gbar + h * Dv;
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t c = 0; c < Dv; ++c) dv[i * Dv + c] += gb[c];
 }
 
 // The key side of backward for one block: its dk and dv rows, from the summed dS and dz.
@@ -187,6 +228,7 @@ void key_block(const Grads& a, const T* ds, const T* dz, int64_t h, int64_t inde
 }
 
 // (dq, dk, dv, the maps' parameter gradients: focused [dsp], hedgehog [dwq, dbq, dwk, dbk]).
+// For InLine (kInline), z holds [kbar, vbar] per head and s is the centred, scaled state.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> backward_impl(
     const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& s, const at::Tensor& z, const Feature& fq,
@@ -197,19 +239,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> backward
   auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   auto ds_part = at::empty({H, b.count, Dk, Dv}, opts);
   auto dz_part = at::zeros({H, b.count, Dk}, opts);
+  const bool centred = fq.kind == linvit::kInline;
+  auto gsum_part = at::zeros({centred ? H : 0, b.count, Dv}, opts);
   const ParamParts pq(fq, H, b.count, opts);
   const bool shared = fq.kind == linvit::kFocused;  // one scale for queries and keys
   const ParamParts pk_own(shared ? Feature{} : fk, H, b.count, opts);
   const ParamParts* pk = shared ? &pq : &pk_own;
   const Grads a{g.data_ptr<T>(), q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(),
-                out.data_ptr<T>(), s.data_ptr<T>(), normalize ? z.data_ptr<T>() : nullptr,
+                out.data_ptr<T>(), s.data_ptr<T>(), z.numel() ? z.data_ptr<T>() : nullptr,
                 dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>(), ds_part.data_ptr<T>(),
-                dz_part.data_ptr<T>(), N, Dv, b.count, fq, fk, &pq, pk, normalize, eps};
+                dz_part.data_ptr<T>(), gsum_part.data_ptr<T>(), N, Dv, b.count, fq, fk, &pq, pk,
+                normalize, eps};
   each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
     query_block(a, h, index, lo, hi);
   });
   auto ds = ds_part.sum(1), dz = dz_part.sum(1);
   const T *dsp = ds.data_ptr<T>(), *dzp = dz.data_ptr<T>();
+  if (centred) {  // S_c = s (S - N kbar vbar^T): the scale reaches dS; gbar = sum_t g_t / N
+    ds.mul_(fq.p);
+    auto gbar = gsum_part.sum(1).div_(N);
+    const T* gb = gbar.data_ptr<T>();
+    each_block(b, [&](int64_t h, int64_t, int64_t lo, int64_t hi) {
+      centred_key_block(a, dsp, gb, h, lo, hi);
+    });
+    return {dq, dk, dv, {}};
+  }
   each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
     key_block(a, dsp, dzp, h, index, lo, hi);
   });
@@ -230,7 +284,7 @@ void check(const at::Tensor& t, const char* name, int64_t dim = 3) {
 std::pair<Feature, Feature> features_of(const at::Tensor& q, int64_t kind, double p,
                                         const std::vector<at::Tensor>& params, int64_t rows) {
   TORCH_CHECK(rows > 0, "linvit linear attention: rows must be positive");
-  TORCH_CHECK(kind >= linvit::kIdentity && kind <= linvit::kHedgehog,
+  TORCH_CHECK(kind >= linvit::kIdentity && kind <= linvit::kInline,
               "linvit linear attention: unknown feature map code ", kind);
   const int64_t dx = q.size(2);
   const size_t wanted = kind == linvit::kFocused ? 1 : kind == linvit::kHedgehog ? 4 : 0;
