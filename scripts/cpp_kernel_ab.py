@@ -1,0 +1,93 @@
+#!/usr/bin/env python
+"""linvit's C++ linear-attention kernel against the fused PyTorch path it replaces, in one run.
+
+For each feature-map operator, one forward+backward of its core (`global_mix`) on fixed random
+q, k, v at the given shape, timed with the kernel and with it turned off (what LINVIT_CPP=0 runs),
+interleaved over rounds; SDPA softmax at the same shape gives each its share of the FLOP bound
+(as `linvit bench` reports it). Prints medians.
+
+    .venv/bin/python scripts/cpp_kernel_ab.py [--batch 1] [--heads 6] [--tokens 4096]
+        [--head-dim 64] [--threads 2] [--rounds 7] [--no-softmax]
+    # the default cell's attention shape: --batch 128 --heads 3 --tokens 50 --head-dim 32
+    #   --threads 1 --no-softmax
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from linvit.attention import OPERATORS
+from linvit.bench.measure import keep_freed_memory
+from linvit.bench.ratios import flop_bound
+from linvit.ops import cpp_kernels
+
+FEATURE_MAPS = [n for n, op in OPERATORS.items() if op.family == "feature map"]
+
+
+def core_step(name: str, args):
+    op = OPERATORS[name](args.heads * args.head_dim, num_heads=args.heads)
+    g = torch.Generator().manual_seed(0)
+    shape = (args.batch, args.heads, args.tokens, args.head_dim)
+    q, k, v = (torch.randn(shape, generator=g).requires_grad_() for _ in range(3))
+    grad = torch.randn(shape, generator=g)
+    own = [p for n, p in op.named_parameters() if n in op.operator_specific_parameters()]
+
+    def step():
+        out = op.global_mix(q, k, v)
+        torch.autograd.grad(out, [q, k, v, *own], grad, allow_unused=True)
+    return step
+
+
+def kernel(on: bool, step):
+    def run():
+        real = cpp_kernels.load
+        if not on:
+            cpp_kernels.load = lambda: False
+        try:
+            step()
+        finally:
+            cpp_kernels.load = real
+    return run
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for name, default in (("batch", 1), ("heads", 6), ("tokens", 4096), ("head-dim", 64),
+                          ("threads", 2), ("rounds", 7), ("calls", 3)):
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--no-softmax", action="store_true", help="skip SDPA (no shares printed)")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()                                  # as `linvit bench` does
+    if not cpp_kernels.load():
+        raise SystemExit(f"the kernel does not load here: {cpp_kernels.status()}")
+    steps = {} if args.no_softmax else {("softmax", "sdpa"): core_step("softmax", args)}
+    for name in FEATURE_MAPS:
+        step = core_step(name, args)
+        steps[(name, "kernel")], steps[(name, "fused")] = kernel(True, step), kernel(False, step)
+    times = {key: [] for key in steps}
+    for _ in range(args.rounds):
+        for key, fn in steps.items():
+            fn()                                         # warm
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                fn()
+            times[key].append((time.perf_counter() - start) / args.calls)
+    med = {key: statistics.median(t) for key, t in times.items()}
+    sdpa = med.get(("softmax", "sdpa"))
+    print(f"B={args.batch} H={args.heads} N={args.tokens} d={args.head_dim}, "
+          f"{args.threads} thread(s), fwd+bwd, median of {args.rounds} rounds")
+    for name in FEATURE_MAPS:
+        on, off = med[(name, "kernel")], med[(name, "fused")]
+        line = f"  {name:9s} kernel {on * 1e3:8.2f} ms  fused {off * 1e3:8.2f} ms  x{off / on:.2f}"
+        if sdpa:
+            bound = flop_bound(name, args.tokens, args.head_dim)
+            line += f"   share {sdpa / on / bound:.2f} (fused {sdpa / off / bound:.2f})"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
