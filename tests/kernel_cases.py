@@ -23,6 +23,31 @@ def inputs(shape=(2, 3, 63, 24), dv=40, dtype=torch.float32, kind="elu1", normal
     return [t.to(dtype) for t in (q, k, v)], grad.to(dtype)
 
 
+def operator_off_init(name, side=7, seed=0):
+    """An operator of 4 heads of 24 on a side x side grid (+ cls), its own parameters moved off
+    their init (zero gate weights would make gates' gradient paths trivially alike): (op, own)."""
+    from linvit.attention import OPERATORS
+    torch.manual_seed(seed)
+    op = OPERATORS[name](96, num_heads=4)
+    op.set_token_layout(1, (side, side))
+    own = [p for n, p in op.named_parameters() if n in op.operator_specific_parameters()]
+    with torch.no_grad():
+        for p in own:
+            p.add_(0.1 * torch.randn_like(p))
+    return op, own
+
+
+def on_backends(fn, qkv, grad, own, names=("reference", "torch")):
+    """fn's output and the gradients of q, k, v and `own` on each backend, by name."""
+    results = {}
+    for name in names:
+        leaves = [t.clone().requires_grad_() for t in qkv]
+        with backend(name):
+            out = fn(*leaves)
+        results[name] = (out, *torch.autograd.grad(out, leaves + own, grad, allow_unused=True))
+    return results
+
+
 def run(name, qkv, grad, kind, normalize, **kw):
     """Output and input gradients of one backend."""
     leaves = [t.detach().clone().requires_grad_() for t in qkv]

@@ -16,7 +16,7 @@ from linvit.ops.definitions import NORMALISER_EPS
 from linvit.ops.linear_attention import focused_linear_attention, linear_attention
 from linvit.runs.environment import environment
 
-from kernel_cases import VARIANTS, assert_match, inputs, run
+from kernel_cases import VARIANTS, assert_match, inputs, on_backends, operator_off_init, run
 
 needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None,
                                     reason="no C++ compiler to build linvit's CPU kernel")
@@ -173,21 +173,10 @@ def test_feature_map_operators_take_the_kernel_across_blocks(monkeypatch, name):
     short), with its own parameters' gradients (focused's scale, Hedgehog's maps), against the
     reference path."""
     monkeypatch.setattr(cpp_kernels, "ROWS", 8)
-    torch.manual_seed(1)
-    op = OPERATORS[name](96, num_heads=4)
-    op.set_token_layout(1, (11, 11))        # 122 tokens: past InLine's CENTRED_MIN_TOKENS
-    own = [p for n, p in op.named_parameters() if n in op.operator_specific_parameters()]
-    with torch.no_grad():
-        for p in own:
-            p.add_(0.1 * torch.randn_like(p))
+    op, own = operator_off_init(name, side=11, seed=1)   # 122 tokens: past CENTRED_MIN_TOKENS
     qkv, grad = inputs((2, 4, 122, 24), 24, seed=2)
-    results = {}
-    for be in ("reference", "torch"):
-        leaves = [t.clone().requires_grad_() for t in qkv]
-        with backend(be):
-            out = op.global_mix(*leaves)
-        results[be] = (out, *torch.autograd.grad(out, leaves + own, grad, allow_unused=True))
-    assert type(out.grad_fn).__name__ == "CppLinearAttentionBackward"
+    results = on_backends(op.global_mix, qkv, grad, own)
+    assert type(results["torch"][0].grad_fn).__name__ == "CppLinearAttentionBackward"
     assert_match(results["torch"], results["reference"], rtol=2e-5)
 
 

@@ -24,7 +24,7 @@ from linvit.ops.backends import backend, resolve_backend, triton_available
 from linvit.ops.definitions import FEATURES
 from linvit.ops.linear_attention import linear_attention
 
-from kernel_cases import VARIANTS, assert_match, inputs, run
+from kernel_cases import VARIANTS, assert_match, inputs, on_backends, operator_off_init, run
 
 HERE = Path(__file__).parent
 
@@ -83,20 +83,9 @@ def test_auto_backend_on_cpu_is_the_fused_path_and_names_are_checked():
 def test_every_operator_mixes_alike_on_every_cpu_backend(name, cpu_path):
     """Off their init (zero gate weights would make the gates' gradient paths trivially alike),
     and the operator's own parameters' gradients compared too."""
-    torch.manual_seed(0)
-    op = OPERATORS[name](96, num_heads=4)
-    op.set_token_layout(1, (7, 7))
-    own = [p for n, p in op.named_parameters() if n in op.operator_specific_parameters()]
-    with torch.no_grad():
-        for p in own:
-            p.add_(0.1 * torch.randn_like(p))
+    op, own = operator_off_init(name)
     qkv, grad = inputs((2, 4, 50, 24), 24)
-    results = {}
-    for be in ("reference", "torch"):
-        leaves = [t.clone().requires_grad_() for t in qkv]
-        with backend(be):
-            out = op.mix(*leaves)
-        results[be] = (out, *torch.autograd.grad(out, leaves + own, grad, allow_unused=True))
+    results = on_backends(op.mix, qkv, grad, own)
     assert_match(results["torch"], results["reference"])
 
 
