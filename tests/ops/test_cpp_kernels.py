@@ -189,3 +189,25 @@ def test_inline_takes_the_kernel_from_its_threshold_on(monkeypatch):
         with backend("torch"):
             out = op.global_mix(q, k, v)
         assert (type(out.grad_fn).__name__ == "CppLinearAttentionBackward") == kernel, tokens
+
+
+@needs_compiler
+def test_inline_in_the_kernel_is_as_precise_as_the_reference_when_means_dominate():
+    """Keys and values far from zero (means 100x their spread): against InLine's formula in
+    float64, the kernel (keys centred in each block before the product) errs no more than the
+    float32 reference path does (centring on the sums, S - N kbar vbar^T, erred 7x more)."""
+    op, own = operator_off_init("inline", side=11)
+    qkv, grad = inputs((1, 4, 122, 24), 24, seed=4)
+    qkv[1], qkv[2] = qkv[1] + 100.0, qkv[2] + 100.0
+
+    def truth(q, k, v):
+        q, k, v = q.double(), k.double(), v.double()
+        state = (k - k.mean(2, keepdim=True)).transpose(-1, -2) @ v
+        return v.mean(2, keepdim=True) + op.scale * q @ state
+    results = on_backends(op.global_mix, qkv, grad, own)
+    want = on_backends(truth, qkv, grad.double(), [], names=("reference",))["reference"]
+    assert type(results["torch"][0].grad_fn).__name__ == "CppLinearAttentionBackward"
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        err = {be: ((r[i].double() - want[i]).abs().max() / want[i].abs().max()).item()
+               for be, r in results.items()}
+        assert err["torch"] <= max(1.5 * err["reference"], 2e-5), (name, err)   # 2e-5: float32

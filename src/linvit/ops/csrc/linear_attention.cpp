@@ -46,6 +46,22 @@ void each_block(const Blocks& b, F fn) {
   });
 }
 
+// [mean_t k, mean_t v] per head, (BH, Dk + Dv): column sums per block, added up.
+at::Tensor column_means(const at::Tensor& k, const at::Tensor& v, const Blocks& b) {
+  const int64_t N = k.size(1), Dk = k.size(2), Dv = v.size(2), W = Dk + Dv;
+  auto sums = at::zeros({b.heads, b.count, W}, k.options());
+  const T *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
+  T* sp = sums.data_ptr<T>();
+  each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
+    T* out = sp + (h * b.count + index) * W;
+    for (int64_t i = lo; i < hi; ++i) {
+      for (int64_t c = 0; c < Dk; ++c) out[c] += kp[(h * N + i) * Dk + c];
+      for (int64_t c = 0; c < Dv; ++c) out[Dk + c] += vp[(h * N + i) * Dv + c];
+    }
+  });
+  return sums.sum(1).div_(N);
+}
+
 // (out, s, z): out (BH, N, Dv), s (BH, Dk, Dv), z (BH, Dk) (empty when not normalised).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Feature& fq,
@@ -54,31 +70,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(
   const Blocks b(H, N, rows);
   auto opts = q.options();
   const bool centred = fq.kind == linvit::kInline;
-  auto s_part = at::empty({H, b.count, Dk, Dv}, opts);
-  auto z_part = at::zeros({H, b.count, Dk}, opts);
-  auto v_part = at::zeros({centred ? H : 0, b.count, Dv}, opts);
   const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
-  T *sp = s_part.data_ptr<T>(), *zp = z_part.data_ptr<T>(), *vs = v_part.data_ptr<T>();
+  // InLine: the means of k and v first, so that its keys are centred in each block before the
+  // product (S - N kbar vbar^T on the sums would cancel digits when the means dominate)
+  const auto means = centred ? column_means(k, v, b) : at::Tensor();
+  const T* mp = centred ? means.data_ptr<T>() : nullptr;
+  auto s_part = at::empty({H, b.count, Dk, Dv}, opts);
+  auto z_part = at::zeros({normalize ? H : 0, b.count, Dk}, opts);
+  T *sp = s_part.data_ptr<T>(), *zp = z_part.data_ptr<T>();
   each_block(b, [&](int64_t h, int64_t index, int64_t lo, int64_t hi) {
     const int64_t R = hi - lo, part = h * b.count + index;
     T* phi = scratch(linvit::kPhi, R * Dk);
     linvit::features(kp + (h * N + lo) * Dx, phi, R, fk, h);
-    gemm(true, false, Dk, Dv, R, phi, Dk, vp + (h * N + lo) * Dv, Dv, T(0), sp + part * Dk * Dv,
-         Dv);                                                             // phi_k^T v
+    const T* vr = vp + (h * N + lo) * Dv;
+    if (centred) {  // (k - kbar)^T (v - vbar): equal to (k - kbar)^T v, without the rounding
+      const T *kbar = mp + h * (Dk + Dv), *vbar = kbar + Dk;  // that sum_t (k_t - kbar) leaves
+      T* vc = scratch(linvit::kNum, R * Dv);
+      for (int64_t i = 0; i < R; ++i) {
+        for (int64_t c = 0; c < Dk; ++c) phi[i * Dk + c] -= kbar[c];
+        for (int64_t c = 0; c < Dv; ++c) vc[i * Dv + c] = vr[i * Dv + c] - vbar[c];
+      }
+      vr = vc;
+    }
+    gemm(true, false, Dk, Dv, R, phi, Dk, vr, Dv, T(0), sp + part * Dk * Dv, Dv);  // phi_k^T v
+    if (!normalize) return;
     T* zs = zp + part * Dk;
     for (int64_t i = 0; i < R; ++i)
       for (int64_t c = 0; c < Dk; ++c) zs[c] += phi[i * Dk + c];
-    if (!centred) return;
-    const T* vr = vp + (h * N + lo) * Dv;
-    for (int64_t i = 0; i < R; ++i)
-      for (int64_t c = 0; c < Dv; ++c) vs[part * Dv + c] += vr[i * Dv + c];
   });
   auto s = s_part.sum(1);
   auto z = normalize ? z_part.sum(1) : at::empty({0}, opts);
-  if (centred) {  // s (K - kbar)^T V = s (S - N kbar vbar^T); z carries [kbar, vbar]
-    auto means = at::cat({z_part.sum(1), v_part.sum(1)}, 1).div_(N);
-    auto kbar = means.narrow(1, 0, Dk), vbar = means.narrow(1, Dk, Dv);
-    s.sub_(kbar.unsqueeze(2) * vbar.unsqueeze(1) * N).mul_(fq.p);
+  if (centred) {  // s (K - kbar)^T V; z carries [kbar, vbar] for the output and backward
+    s.mul_(fq.p);
     z = means;
   }
   auto out = at::empty({H, N, Dv}, opts);
