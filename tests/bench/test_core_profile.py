@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from linvit.ops import cpp_kernels
+
 SCRIPT = Path(__file__).parents[2] / "scripts" / "core_profile.py"
 
 
@@ -17,9 +19,11 @@ def core_profile():
     return module
 
 
-def test_products_share_counts_the_cores_matrix_products(core_profile):
+def test_products_share_counts_the_cores_matrix_products(core_profile, monkeypatch):
     """linear's core is products and elementwise passes (elu+1, the normaliser): both take
-    time, and no product is among the other ops listed."""
+    time, and no product is among the other ops listed. (On the fused PyTorch path: the C++
+    kernel is one op to the profiler, which the script's docstring says.)"""
+    monkeypatch.setattr(cpp_kernels, "load", lambda: False)
     ms, products, rest = core_profile.split("linear", 64, 1)
     assert ms > 0 and 0.0 < products < 1.0
     assert rest and all(0.0 < share < 1.0 for _, share in rest)

@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from linvit.machine import cpu_model
+
 log = logging.getLogger("linvit")
 
 SOURCE = Path(__file__).parent / "csrc" / "linear_attention.cpp"      # includes feature_maps.h
@@ -49,7 +51,6 @@ def cache_dir() -> Path:
 
 
 def _cpu_name() -> str:
-    from linvit.runs.environment import cpu_model
     return cpu_model()
 
 

@@ -7,6 +7,8 @@ import platform
 import sys
 from pathlib import Path
 
+from linvit.machine import cpu_model
+
 
 def environment() -> dict:
     import timm
@@ -29,16 +31,6 @@ def environment() -> dict:
             # the devices and cluster job it ran in: a SLURM job's allocation, seen from inside
             "cuda_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "slurm_job": os.environ.get("SLURM_JOB_ID")}
-
-
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo; elsewhere what `platform` says, maybe '')."""
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                return value.strip()
-    return platform.processor()
 
 
 def log_to(path: Path) -> None:
