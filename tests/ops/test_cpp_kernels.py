@@ -211,3 +211,26 @@ def test_inline_in_the_kernel_is_as_precise_as_the_reference_when_means_dominate
         err = {be: ((r[i].double() - want[i]).abs().max() / want[i].abs().max()).item()
                for be, r in results.items()}
         assert err["torch"] <= max(1.5 * err["reference"], 2e-5), (name, err)   # 2e-5: float32
+
+
+@needs_compiler
+def test_a_built_kernel_is_loaded_as_it_is_and_a_broken_one_rebuilt(monkeypatch, fresh_state,
+                                                                     tmp_path, caplog):
+    """A kernel built before for the same key loads without cpp_extension (which rebuilds for a
+    checkout at another path); an unreadable file is rebuilt, with a warning."""
+    from torch.utils import cpp_extension
+    assert cpp_kernels.load()                          # built (or loaded) in this process
+    built = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: built.append(kw["build_directory"]))
+    monkeypatch.setattr(cpp_kernels, "_STATE", {})
+    assert cpp_kernels.load() and built == []          # the real cache: loaded as it is
+    monkeypatch.setenv("LINVIT_CACHE", str(tmp_path))
+    key = cpp_kernels.build_key()
+    broken = tmp_path / "cpp" / key / f"linvit_cpu_{key}.so"
+    broken.parent.mkdir(parents=True)
+    broken.write_bytes(b"not a library")
+    monkeypatch.setattr(cpp_kernels, "_STATE", {})
+    with caplog.at_level(logging.WARNING, logger="linvit"):
+        assert cpp_kernels.load()
+    assert built == [str(broken.parent)]
+    assert any("rebuilding" in r.getMessage() for r in caplog.records)

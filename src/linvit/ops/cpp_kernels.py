@@ -81,15 +81,21 @@ def load() -> bool:
 
 
 def _build() -> None:
+    key = build_key()
+    directory = cache_dir() / "cpp" / key
+    library = directory / f"linvit_cpu_{key}.so"
+    if library.is_file():               # built before for these sources, torch and CPU: load it
+        try:                            # as it is (cpp_extension would rebuild it for a clone
+            torch.ops.load_library(str(library))        # at another path, ~10 s per process)
+            return _register_fake()
+        except OSError as exc:          # a broken file: build it again
+            log.warning("linear attention: rebuilding the C++ kernel (%s)", exc)
     # its import warns that a CPU-only machine has no CUDA runtime: true, and nothing to act on
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
-    key = build_key()
-    directory = cache_dir() / "cpp" / key
     directory.mkdir(parents=True, exist_ok=True)
-    if not any(directory.glob("*.so")):
-        log.info("building linvit's C++ CPU kernel for linear attention (once, ~10 s) in %s",
-                 directory)
+    log.info("building linvit's C++ CPU kernel for linear attention (once, ~10 s) in %s",
+             directory)
     cpp_extension.load(name=f"linvit_cpu_{key}", sources=[str(SOURCE)], extra_cflags=CFLAGS,
                        build_directory=str(directory), is_python_module=False, verbose=False)
     _register_fake()
