@@ -100,11 +100,8 @@ def linvit_step(args, batches, backend=None, bf16=None, **opt_kwargs):
 def without_kernel(fn):
     """fn with linvit's C++ kernel turned off for its duration (the fused PyTorch core runs)."""
     def run():
-        real, cpp_kernels.load = cpp_kernels.load, lambda: False
-        try:
+        with cpp_kernels.disabled():
             fn()
-        finally:
-            cpp_kernels.load = real
     return run
 
 

@@ -41,15 +41,10 @@ def core_step(name: str, args):
     return step
 
 
-def kernel(on: bool, step):
+def without_kernel(step):
     def run():
-        real = cpp_kernels.load
-        if not on:
-            cpp_kernels.load = lambda: False
-        try:
+        with cpp_kernels.disabled():
             step()
-        finally:
-            cpp_kernels.load = real
     return run
 
 
@@ -67,7 +62,7 @@ def main() -> None:
     steps = {} if args.no_softmax else {("softmax", "sdpa"): core_step("softmax", args)}
     for name in FEATURE_MAPS:
         step = core_step(name, args)
-        steps[(name, "kernel")], steps[(name, "fused")] = kernel(True, step), kernel(False, step)
+        steps[(name, "kernel")], steps[(name, "fused")] = step, without_kernel(step)
     times = {key: [] for key in steps}
     for _ in range(args.rounds):
         for key, fn in steps.items():

@@ -133,7 +133,7 @@ def test_build_key_follows_the_source_torch_and_cpu(monkeypatch, tmp_path):
     key = cpp_kernels.build_key()
     assert cpp_kernels.build_key() == key
     with monkeypatch.context() as m:
-        m.setattr(cpp_kernels, "_cpu_name", lambda: "another CPU")
+        m.setattr(cpp_kernels, "cpu_model", lambda: "another CPU")
         assert cpp_kernels.build_key() != key
     with monkeypatch.context() as m:
         m.setattr(torch, "__version__", "0.0.0")
@@ -234,3 +234,14 @@ def test_a_built_kernel_is_loaded_as_it_is_and_a_broken_one_rebuilt(monkeypatch,
         assert cpp_kernels.load()
     assert built == [str(broken.parent)]
     assert any("rebuilding" in r.getMessage() for r in caplog.records)
+
+
+@needs_compiler
+def test_disabled_runs_the_fused_path_inside_the_block_only():
+    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
+    with backend("torch"):
+        with cpp_kernels.disabled():
+            off = linear_attention(q, k, v, "elu1")
+        on = linear_attention(q, k, v, "elu1")
+    assert type(off.grad_fn).__name__ == "FusedLinearAttentionBackward"
+    assert type(on.grad_fn).__name__ == "CppLinearAttentionBackward"

@@ -16,6 +16,8 @@ is logged once, and `status()` (metrics.json's env) says which path ran.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import logging
 import os
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from linvit.machine import cpu_model
+from linvit.ops.backends import resolve_backend
 
 log = logging.getLogger("linvit")
 
@@ -44,14 +47,11 @@ FEATURE_CODES = {"identity": 0, "elu1": 1, "focused": 2, "hedgehog": 3, "inline"
 
 _STATE: dict[str, object] = {}     # "ok": bool, "reason": why not
 _FAKES: list[bool] = []
+_OFF = contextvars.ContextVar("linvit_cpp_kernel_off", default=False)      # disabled()
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("LINVIT_CACHE", Path.home() / ".cache" / "linvit"))
-
-
-def _cpu_name() -> str:
-    return cpu_model()
 
 
 def build_key() -> str:
@@ -59,7 +59,7 @@ def build_key() -> str:
     sources = sorted(SOURCE.parent.glob("*.[ch]*"))
     parts = [*(f.read_bytes() for f in sources), " ".join(CFLAGS).encode(),
              torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
-             _cpu_name().encode()]
+             cpu_model().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
@@ -67,7 +67,10 @@ def build_key() -> str:
 # takes its answer as a constant (no graph break, and the build does not happen in the graph).
 @torch._dynamo.assume_constant_result
 def load() -> bool:
-    """Build (once) and load the kernel; False, with the reason logged once, where it cannot."""
+    """Build (once) and load the kernel; False, with the reason logged once, where it cannot
+    (and inside `disabled()`)."""
+    if _OFF.get():
+        return False
     if "ok" in _STATE:
         return bool(_STATE["ok"])
     if os.environ.get("LINVIT_CPP", "1") == "0":
@@ -78,6 +81,17 @@ def load() -> bool:
         return _unavailable(f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}")
     _STATE["ok"] = True
     return True
+
+
+@contextlib.contextmanager
+def disabled():
+    """The fused PyTorch path inside the block, as LINVIT_CPP=0 gives a whole process: the
+    kernel timed against what it replaces in one run (scripts/bench_step.py, cpp_kernel_ab.py)."""
+    token = _OFF.set(True)
+    try:
+        yield
+    finally:
+        _OFF.reset(token)
 
 
 def _build() -> None:
@@ -119,7 +133,6 @@ def status() -> str:
 def runs_on(t: torch.Tensor) -> bool:
     """Whether a core called on `t` now takes the kernel: a CPU tensor, the backend that picks the
     fast CPU path (`torch`, or `auto` on the CPU), and a kernel that loads."""
-    from linvit.ops.backends import resolve_backend
     return not t.is_cuda and resolve_backend(t) == "torch" and load()
 
 

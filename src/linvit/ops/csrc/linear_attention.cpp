@@ -138,7 +138,7 @@ struct ParamParts {
     dw = at::zeros({hedgehog ? H : 0, count, f.dx, f.dx}, opts);
     db = at::zeros({hedgehog ? H : 0, count, f.dx}, opts);
   }
-  FeatureGrads at(int64_t part, int64_t dx) const {
+  FeatureGrads slot(int64_t part, int64_t dx) const {
     auto ptr = [&](const at::Tensor& t, int64_t size) {
       return t.numel() ? t.data_ptr<T>() + part * size : nullptr;
     };
@@ -206,7 +206,7 @@ void query_block(const Grads& a, int64_t h, int64_t index, int64_t lo, int64_t h
     for (int64_t i = 0; i < R; ++i)
       for (int64_t c = 0; c < Dv; ++c) gs[c] += g[i * Dv + c];
   }
-  linvit::through_features(x, phi, dphi, dq, R, a.fq, h, a.pq->at(part, Dx));
+  linvit::through_features(x, phi, dphi, dq, R, a.fq, h, a.pq->slot(part, Dx));
 }
 
 // InLine's key side: dk = (v - vbar) dS^T, dv = (k - kbar) dS + gbar, with dS already scaled.
@@ -247,7 +247,8 @@ void key_block(const Grads& a, const T* ds, const T* dz, int64_t h, int64_t inde
     for (int64_t i = 0; i < R; ++i)
       for (int64_t c = 0; c < Dk; ++c) dphi[i * Dk + c] += dzh[c];
   }
-  linvit::through_features(x, phi, dphi, dk, R, a.fk, h, a.pk->at(h * a.count + index, Dx));
+  const int64_t part = h * a.count + index;
+  linvit::through_features(x, phi, dphi, dk, R, a.fk, h, a.pk->slot(part, Dx));
 }
 
 // (dq, dk, dv, the maps' parameter gradients: focused [dsp], hedgehog [dwq, dbq, dwk, dbk]).
