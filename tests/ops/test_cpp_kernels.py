@@ -138,10 +138,14 @@ def test_build_key_follows_the_source_torch_and_cpu(monkeypatch, tmp_path):
     with monkeypatch.context() as m:
         m.setattr(torch, "__version__", "0.0.0")
         assert cpp_kernels.build_key() != key
-    edited = tmp_path / "linear_attention.cpp"
-    edited.write_bytes(cpp_kernels.SOURCE.read_bytes() + b"\n// edited\n")
-    monkeypatch.setattr(cpp_kernels, "SOURCE", edited)
-    assert cpp_kernels.build_key() != key
+    sources = sorted(cpp_kernels.CSRC.iterdir())
+    assert {"blas.h", "linear_attention.cpp", "delta_rule.cpp"} <= {f.name for f in sources}
+    for edited in sources:                    # each source and header, one at a time
+        copy = tmp_path / edited.name
+        shutil.copytree(cpp_kernels.CSRC, copy)
+        (copy / edited.name).write_bytes(edited.read_bytes() + b"\n// edited\n")
+        monkeypatch.setattr(cpp_kernels, "CSRC", copy)
+        assert cpp_kernels.build_key() != key, edited.name
 
 
 @needs_compiler

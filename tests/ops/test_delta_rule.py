@@ -18,8 +18,10 @@ from linvit.ops import delta_rule as dr
 from linvit.ops.backends import backend, triton_available
 from linvit.ops.bidirectional import fla_kernel
 from linvit.ops.definitions import unit_rows
+from linvit.ops.delta_rule import chunked as dr_chunked
 from linvit.ops.delta_rule import delta_rule, delta_rule_map
 from linvit.ops.delta_rule import fla as dr_fla
+from linvit.ops.delta_rule.cpp import cpp_scan
 
 B, H, N, D = 2, 3, 50, 24                   # awkward on purpose: N = 1 + 7x7, d = 24
 SCALE = 0.7
@@ -39,8 +41,8 @@ def with_grads(fn, inputs, seed=1):
     """fn's output and its gradients with respect to every input."""
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
     out = fn(*leaves)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed),
-                       dtype=out.dtype).to(out.device)     # drawn on the CPU: the same on CUDA
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed),  # on the CPU,
+                       dtype=torch.float64).to(out)      # in float64: alike for any device, dtype
     return [out, *torch.autograd.grad(out, leaves, grad)]
 
 
@@ -71,6 +73,29 @@ def test_reference_chunked_and_map_agree_forward_and_backward(monkeypatch, n, ch
     want = with_grads(on_backend("reference"), inputs)
     assert_all_close(with_grads(on_backend("torch"), inputs), want)
     assert_all_close(with_grads(through_map, inputs), want)
+
+
+@pytest.mark.parametrize("n, chunk", [(51, 32), (50, 7), (50, 64), (20, 20), (1, 32), (200, 32)],
+                         ids=["several-chunks-ragged", "many-chunks", "fewer-tokens-than-chunk",
+                              "one-full-chunk", "one-token", "seven-chunks"])
+def test_float32_on_each_cpu_path_matches_the_reference(monkeypatch, cpu_path, n, chunk):
+    """float32 inputs take linvit's C++ kernel where it loads, else the PyTorch chunks: held to
+    the reference in float64, the output and every gradient (both betas' included)."""
+    monkeypatch.setattr(dr, "CHUNK", chunk)
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return cpp_scan(*args)
+    monkeypatch.setattr(dr_chunked, "cpp_scan", counted)
+    inputs = scan_inputs(n=n, dtype=torch.float32)
+    want = with_grads(on_backend("reference"), [t.double() for t in inputs])
+    got = with_grads(on_backend("torch"), inputs)
+    assert bool(calls) == (cpu_path == "cpp")
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == torch.float32
+        err = (a.double() - b).abs().max() / b.abs().max()
+        assert err < 1e-5, (i, err)
 
 
 def test_a_chunk_padded_far_past_the_tokens_changes_nothing(monkeypatch):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import warnings
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 from linvit.attention import OPERATORS
-from linvit.ops import backends, cpp_kernels
+from linvit.ops import backends
 from linvit.ops import linear_attention as dispatch
 from linvit.ops.backends import backend, resolve_backend, triton_available
 from linvit.ops.definitions import FEATURES
@@ -27,20 +26,6 @@ from linvit.ops.linear_attention import linear_attention
 from kernel_cases import VARIANTS, assert_match, inputs, on_backends, operator_off_init, run
 
 HERE = Path(__file__).parent
-
-
-@pytest.fixture(params=["cpp", "fused"])
-def cpu_path(request, monkeypatch):
-    """The torch backend's two CPU implementations: linvit's C++ kernel, and the fused PyTorch
-    Function that runs where the kernel cannot be built. The kernel's cases fail, not skip, where
-    a compiler exists and the kernel still does not load."""
-    if request.param == "fused":
-        monkeypatch.setattr(cpp_kernels, "load", lambda: False)
-    elif shutil.which(os.environ.get("CXX", "c++")) is None:
-        pytest.skip("no C++ compiler to build linvit's CPU kernel")
-    else:
-        assert cpp_kernels.load(), cpp_kernels.status()
-    return request.param
 
 
 @pytest.mark.parametrize("kind,normalize", VARIANTS)

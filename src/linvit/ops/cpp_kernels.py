@@ -1,4 +1,5 @@
-"""linvit's C++ CPU kernel for linear attention (csrc/linear_attention.cpp), built on first use.
+"""linvit's C++ CPU kernels, built on first use: linear attention (csrc/linear_attention.cpp, its
+autograd Function here) and the delta rule (csrc/delta_rule.cpp, used by ops/delta_rule/cpp.py).
 
 Why a C++ kernel: on the CPU, the fused PyTorch path (fused_torch.py) spends about half its time
 in memory-bound passes over (N, d) tensors around its matrix products (feature maps, their
@@ -33,7 +34,7 @@ from linvit.ops.backends import resolve_backend
 
 log = logging.getLogger("linvit")
 
-SOURCE = Path(__file__).parent / "csrc" / "linear_attention.cpp"      # includes feature_maps.h
+CSRC = Path(__file__).parent / "csrc"          # the .cpp files, one library; headers included
 # -ffast-math at compile time only (not at link, which would set flush-to-zero process-wide):
 # it lets GCC call glibc's vectorised exp. -fopenmp at compile time only: at::parallel_for's
 # OpenMP pragmas then run on torch's own OpenMP runtime, which the kernel links through torch.
@@ -56,7 +57,7 @@ def cache_dir() -> Path:
 
 def build_key() -> str:
     """What the binary depends on: the sources, the flags, torch, Python and the CPU."""
-    sources = sorted(SOURCE.parent.glob("*.[ch]*"))
+    sources = sorted(CSRC.glob("*.[ch]*"))
     parts = [*(f.read_bytes() for f in sources), " ".join(CFLAGS).encode(),
              torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
              cpu_model().encode()]
@@ -108,9 +109,9 @@ def _build() -> None:
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
     directory.mkdir(parents=True, exist_ok=True)
-    log.info("building linvit's C++ CPU kernel for linear attention (once, ~10 s) in %s",
-             directory)
-    cpp_extension.load(name=f"linvit_cpu_{key}", sources=[str(SOURCE)], extra_cflags=CFLAGS,
+    log.info("building linvit's C++ CPU kernels (once, ~20 s) in %s", directory)
+    cpp_extension.load(name=f"linvit_cpu_{key}", sources=sorted(map(str, CSRC.glob("*.cpp"))),
+                       extra_cflags=CFLAGS,
                        build_directory=str(directory), is_python_module=False, verbose=False)
     _register_fake()
 
@@ -157,6 +158,17 @@ def _register_fake() -> None:
     def _(g, q, k, v, out, s, z, kind, normalize, eps, rows, params, p):
         return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
                 [torch.empty_like(t) for t in params])
+
+    @torch.library.register_fake(lib + "delta_forward")
+    def _(q, k, v, beta, chunk):        # out; per direction A, T, P, W, N and the states
+        bh, n, dk = q.shape
+        m, dv = n // chunk, v.shape[-1]
+        return [q.new_empty(bh, n, dv), *(q.new_empty(2, bh, m, chunk, chunk) for _ in range(3)),
+                q.new_empty(2, bh, n, dk), q.new_empty(2, bh, n, dv), q.new_empty(2, bh, m, dk, dv)]
+
+    @torch.library.register_fake(lib + "delta_backward")
+    def _(g, q, k, v, beta, saved, chunk):
+        return [torch.empty_like(t) for t in (q, k, v, beta)]
 
 
 class CppLinearAttention(torch.autograd.Function):

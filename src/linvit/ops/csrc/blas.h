@@ -3,7 +3,10 @@
 // which cost more than the product itself at these sizes.
 #pragma once
 
+#include <ATen/Parallel.h>
+
 #include <cstdint>
+#include <vector>
 
 extern "C" {
 void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
@@ -17,14 +20,32 @@ namespace linvit {
 
 using T = float;  // linvit's cores compute in float32 (the Python side casts)
 
-// Row-major C (m x n) = op(A) op(B) + beta C, op(X) = X^T where the flag says; lda, ldb, ldc the
-// row strides. BLAS is column-major: it computes C^T = op(B)^T op(A)^T on the same memory.
+// Row-major C (m x n) = alpha op(A) op(B) + beta C, op(X) = X^T where the flag says; lda, ldb,
+// ldc the row strides. BLAS is column-major: it computes C^T = op(B)^T op(A)^T on the same memory.
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-                 const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+                 const T* b, int64_t ldb, T beta, T* c, int64_t ldc, T alpha = 1) {
   const char opa = tb ? 'T' : 'N', opb = ta ? 'T' : 'N';
   const int M = n, N = m, K = k, LA = ldb, LB = lda, LC = ldc;
-  const T one = 1;
-  sgemm_(&opa, &opb, &M, &N, &K, &one, b, &LA, a, &LB, &beta, c, &LC);
+  sgemm_(&opa, &opb, &M, &N, &K, &alpha, b, &LA, a, &LB, &beta, c, &LC);
+}
+
+// A scratch buffer per thread and slot, reused across tasks and calls. Each kernel numbers its
+// own slots: a task of one kernel never runs inside a task of another.
+inline T* scratch(int slot, int64_t size) {
+  thread_local std::vector<T> buffers[16];
+  if ((int64_t)buffers[slot].size() < size) buffers[slot].resize(size);
+  return buffers[slot].data();
+}
+
+// fn(task) for task in [0, count), the tasks spread over torch's threads, each calling BLAS
+// single-threaded.
+template <typename F>
+void each_task(int64_t count, F fn) {
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    const int before = MKL_Set_Num_Threads_Local ? MKL_Set_Num_Threads_Local(1) : 0;
+    for (int64_t t = begin; t < end; ++t) fn(t);
+    if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(before);
+  });
 }
 
 }  // namespace linvit

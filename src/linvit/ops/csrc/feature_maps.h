@@ -33,12 +33,7 @@ struct FeatureGrads {
   T *dsp, *dw, *db;
 };
 
-// A scratch buffer per thread and slot, reused across blocks and calls.
-inline T* scratch(int slot, int64_t size) {
-  thread_local std::vector<T> buffers[8];
-  if ((int64_t)buffers[slot].size() < size) buffers[slot].resize(size);
-  return buffers[slot].data();
-}
+// linvit::scratch's slots (blas.h) for these maps and linear_attention.cpp
 enum Slot { kPhi = 0, kNum = 1, kDen = 2, kZ = 3, kDphi = 4, kDz = 5, kInv = 6 };
 
 // x'^p and x'^(p-1), with the cube written out (vectorised loops; std::pow is not).

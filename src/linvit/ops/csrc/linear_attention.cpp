@@ -36,13 +36,9 @@ struct Blocks {
 
 template <typename F>
 void each_block(const Blocks& b, F fn) {
-  at::parallel_for(0, b.heads * b.count, 1, [&](int64_t begin, int64_t end) {
-    const int before = MKL_Set_Num_Threads_Local ? MKL_Set_Num_Threads_Local(1) : 0;
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t h = t / b.count, index = t % b.count, lo = index * b.rows;
-      fn(h, index, lo, std::min(b.tokens, lo + b.rows));
-    }
-    if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(before);
+  linvit::each_task(b.heads * b.count, [&](int64_t t) {
+    const int64_t h = t / b.count, index = t % b.count, lo = index * b.rows;
+    fn(h, index, lo, std::min(b.tokens, lo + b.rows));
   });
 }
 

@@ -11,7 +11,10 @@ o = (o_F + J o_F(J q, J k, J v, J beta_B)) / 2, J the token flip.
 
 Shapes: q, k (B, H, N, Dk), v (B, H, N, Dv), betas (B, H, N). Three paths, one signature:
   reference  the recursion token by token, both directions stacked in one batch: the definition;
-  torch      chunked (WY form, below), the backward pass written out: the CPU default;
+  torch      chunked (WY form, below), the backward pass written out: the CPU default; float32
+             runs in linvit's C++ kernel (delta_rule/cpp.py, csrc/delta_rule.cpp) where it
+             loads, with the chunk loop of both scans per head in cache; float64, or without
+             the kernel, runs the PyTorch chunks (delta_rule/chunked.py);
   triton     fla's `chunk_delta_rule` (optional flash-linear-attention, CUDA, bf16/fp16 inputs)
              on both directions stacked; anything else takes the chunked path, said once.
 `delta_rule_map` forms the exact (B, H, N, N) map M with delta_rule(...) == M @ v.
