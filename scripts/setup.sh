@@ -4,8 +4,9 @@
 #     executor plugin, pandas, matplotlib and the test tools
 #   - with --dense, the OpenMMLab stack for the dense tasks (scripts/setup_openmmlab.sh: mmcv is
 #     compiled once, minutes on 2 cores, then reused from ~/.cache/linvit/wheels)
-#   - linvit's C++ CPU kernel for linear attention, compiled once (~10 s) into ~/.cache/linvit/cpp
-#     (optional: without a compiler the fused PyTorch path runs; linvit.ops.cpp_kernels)
+#   - linvit's C++ CPU kernels (linear attention, gated scan, delta rule), compiled once (~20 s)
+#     into ~/.cache/linvit/cpp
+#     (optional: without a compiler the PyTorch paths run; linvit.ops.cpp_kernels)
 #   - Fashion-MNIST from Debian's dataset-fashion-mnist package, when missing and apt is usable
 # TORCH_SPEC overrides the torch pin, e.g. TORCH_SPEC="torch torchvision" for the newest.
 set -euo pipefail
@@ -30,7 +31,7 @@ fi
 import logging, sys
 logging.basicConfig(level=logging.INFO, format='[setup] %(message)s')
 from linvit.ops import cpp_kernels
-sys.exit(0 if cpp_kernels.load() else 1)" || echo "[setup] continuing without the C++ kernel"
+sys.exit(0 if cpp_kernels.load() else 1)" || echo "[setup] continuing without the C++ kernels"
 
 if [ "${1:-}" = "--dense" ]; then
   ./scripts/setup_openmmlab.sh

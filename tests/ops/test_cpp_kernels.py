@@ -8,6 +8,8 @@ import shutil
 
 import pytest
 import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
 
 from linvit.attention import OPERATORS
 from linvit.ops import cpp_kernels
@@ -89,7 +91,34 @@ def test_kernel_compiles_into_a_model_graph(fresh_state):
         got = step(torch.compile(lambda q, k, v: linear_attention(q, k, v, "elu1"),
                                  backend="aot_eager", fullgraph=True))
         want = step(lambda q, k, v: linear_attention(q, k, v, "elu1"))
-    assert cpp_kernels.status() == "C++ kernel"
+    assert cpp_kernels.status() == "C++ kernels"
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+@needs_compiler
+@pytest.mark.parametrize("name", ["deltanet", "gla", "mamba2"])
+def test_scan_kernels_compile_into_a_model_graph(name):
+    """The gated-scan and delta-rule ops under torch.compile (AOT autograd on their fake
+    kernels): the eager kernel's output and gradients, the ops seen in the graph."""
+    assert cpp_kernels.load(), cpp_kernels.status()
+    op, own = operator_off_init(name)
+    qkv, grad = inputs((1, 4, 50, 24), 24)
+
+    def step(fn):
+        leaves = [t.clone().requires_grad_() for t in qkv]
+        out = fn(*leaves)
+        return out, *torch.autograd.grad(out, [*leaves, *own], grad)
+    torch._dynamo.reset()
+    seen = []
+
+    def spy(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes)
+        return make_boxed_func(gm.forward)
+    with backend("torch"):
+        got = step(torch.compile(op.mix, backend=aot_autograd(fw_compiler=spy)))
+        want = step(op.mix)
+    assert any("linvit_cpu" in t for t in seen), seen
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
 
@@ -101,13 +130,13 @@ def test_linvit_cpp_0_keeps_the_fused_pytorch_path(monkeypatch, fresh_state):
     with backend("torch"):
         out = linear_attention(q, k, v, "elu1")
     assert type(out.grad_fn).__name__ == "FusedLinearAttentionBackward"
-    assert cpp_kernels.status() == "fused PyTorch (LINVIT_CPP=0)"
+    assert cpp_kernels.status() == "PyTorch (LINVIT_CPP=0)"
 
 
 def test_status_says_what_ran_without_building(monkeypatch, fresh_state):
     monkeypatch.setattr(cpp_kernels, "_build", lambda: pytest.fail("must not build"))
     assert cpp_kernels.status() == "not used"
-    assert environment()["cpu_linear_attention"] == "not used"
+    assert environment()["cpu_kernels"] == "not used"
 
 
 def test_a_kernel_that_cannot_build_falls_back_and_says_why_once(monkeypatch, fresh_state,
@@ -123,8 +152,8 @@ def test_a_kernel_that_cannot_build_falls_back_and_says_why_once(monkeypatch, fr
         got = [run("torch", qkv, grad, "elu1", True) for _ in range(3)]
     assert len(calls) == 1                                   # tried once per process
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 1 and "c++: not found" in warned[0] and "fused PyTorch" in warned[0]
-    assert cpp_kernels.status().startswith("fused PyTorch (RuntimeError")
+    assert len(warned) == 1 and "c++: not found" in warned[0] and "PyTorch paths" in warned[0]
+    assert cpp_kernels.status().startswith("PyTorch (RuntimeError")
     assert_match(got[0], run("reference", qkv, grad, "elu1", True))
 
 

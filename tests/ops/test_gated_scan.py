@@ -16,10 +16,12 @@ import torch.nn.functional as F
 
 from linvit.attention.gla import GATE_BIAS, GATE_NORMALISER, GatedLinearAttention
 from linvit.attention.mamba2 import A_INIT, DT_INIT, Mamba2Attention
+from linvit.ops import cpp_kernels
 from linvit.ops import gated_scan as gs
 from linvit.ops.backends import backend, triton_available
 from linvit.ops.gated_scan import CHUNK, MAX_STEP_DECAY, gated_scan, gated_scan_map
 from linvit.ops.gated_scan import chunked as gs_chunked
+from linvit.ops.gated_scan import cpp as gs_cpp
 from linvit.ops.gated_scan import fla as gs_fla
 
 B, H, D = 2, 3, 24
@@ -81,6 +83,29 @@ def test_recurrence_chunks_and_map_agree_forward_and_backward(N, scalar, strict,
     want = run(scan("reference", strict, decay_scale=decay_scale), *case)
     assert_all_close(run(scan("torch", strict, decay_scale=decay_scale), *case), want)
     assert_all_close(run(via_map(strict, decay_scale=decay_scale), *case), want)
+
+
+@pytest.mark.parametrize("N, chunk", [(50, CHUNK), (2 * CHUNK + 8, CHUNK), (23, 4), (1, CHUNK)])
+@pytest.mark.parametrize("scalar, strict, key_scale", [
+    (False, False, False), (False, True, False), (True, False, False), (True, False, True),
+    (True, True, True)])
+def test_float32_on_each_cpu_path_matches_the_reference(monkeypatch, cpu_path, N, chunk, scalar,
+                                                        strict, key_scale):
+    """float32 inputs take linvit's C++ kernel where it loads, else the PyTorch chunks: held to
+    the recurrence in float64, the output and every gradient (decays' and key scales' too)."""
+    monkeypatch.setattr(gs, "CHUNK", chunk)
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return gs_cpp.cpp_scan(*args)
+    monkeypatch.setattr(gs_chunked, "cpp_scan", counted)
+    case = inputs(N, scalar, key_scale)
+    want = run(scan("reference", strict, decay_scale=0.5), *case)
+    got = run(scan("torch", strict, decay_scale=0.5),
+              *(None if t is None else t.float() for t in case))
+    assert bool(calls) == (cpu_path == "cpp")
+    assert_all_close([t.double() for t in got], want, tol=1e-5)
 
 
 @pytest.mark.parametrize("scalar, strict", [(False, False), (True, True)])
@@ -323,11 +348,12 @@ def test_mamba2_starts_as_a_slowly_decaying_average():
 @pytest.mark.parametrize("n", [300, 50, 136])
 def test_core_flops_count_the_matmuls_of_the_chunked_path(cls, n):
     """At the chunk the path runs, padding included (300 tokens as 5 chunks of 60, 50 as one of
-    50, 136 as 3 of 46: 2 padded)."""
+    50, 136 as 3 of 46: 2 padded). Counted on the PyTorch chunks: to the counter, the C++ kernel
+    is one opaque op."""
     from torch.utils.flop_counter import FlopCounterMode
 
     op, d = cls(2 * 32, num_heads=2), 32
     q, k, v = (torch.randn(1, 2, n, d) for _ in range(3))
-    with backend("torch"), FlopCounterMode(display=False) as counter:
+    with backend("torch"), cpp_kernels.disabled(), FlopCounterMode(display=False) as counter:
         op.global_mix(q, k, v)
     assert cls.core_flops(n, d) == pytest.approx(counter.get_total_flops() / 2, rel=1e-9)

@@ -1,5 +1,6 @@
 """linvit's C++ CPU kernels, built on first use: linear attention (csrc/linear_attention.cpp, its
-autograd Function here) and the delta rule (csrc/delta_rule.cpp, used by ops/delta_rule/cpp.py).
+autograd Function here), the delta rule (csrc/delta_rule.cpp, ops/delta_rule/cpp.py) and the gated
+scan (csrc/gated_scan.cpp, ops/gated_scan/cpp.py).
 
 Why a C++ kernel: on the CPU, the fused PyTorch path (fused_torch.py) spends about half its time
 in memory-bound passes over (N, d) tensors around its matrix products (feature maps, their
@@ -119,7 +120,7 @@ def _build() -> None:
 def _unavailable(reason: str, quiet: bool = False) -> bool:
     _STATE.update(ok=False, reason=reason)
     (log.info if quiet else log.warning)(
-        "linear attention: C++ CPU kernel not used (%s); using the fused PyTorch path", reason)
+        "linvit's C++ CPU kernels not used (%s); using the PyTorch paths", reason)
     return False
 
 
@@ -128,7 +129,7 @@ def status() -> str:
     new, so a run that never reached it says so rather than building the kernel."""
     if "ok" not in _STATE:
         return "not used"
-    return "C++ kernel" if _STATE["ok"] else f"fused PyTorch ({_STATE['reason']})"
+    return "C++ kernels" if _STATE["ok"] else f"PyTorch ({_STATE['reason']})"
 
 
 def runs_on(t: torch.Tensor) -> bool:
@@ -165,6 +166,17 @@ def _register_fake() -> None:
         m, dv = n // chunk, v.shape[-1]
         return [q.new_empty(bh, n, dv), *(q.new_empty(2, bh, m, chunk, chunk) for _ in range(3)),
                 q.new_empty(2, bh, n, dk), q.new_empty(2, bh, n, dv), q.new_empty(2, bh, m, dk, dv)]
+
+    @torch.library.register_fake(lib + "gated_forward")
+    def _(q, k, v, log_a, w, chunk, strict):     # out, the states, Q K^T (scalar decays)
+        bh, n, dk = q.shape
+        scalar = log_a.shape[-1] == 1
+        return [q.new_empty(bh, n, v.shape[-1]), q.new_empty(2, bh, n // chunk, dk, v.shape[-1]),
+                q.new_empty(bh if scalar else 0, n // chunk, chunk, chunk)]
+
+    @torch.library.register_fake(lib + "gated_backward")
+    def _(g, q, k, v, log_a, w, states, qk, chunk, strict):
+        return [torch.empty_like(t) for t in (q, k, v, log_a, w)]
 
     @torch.library.register_fake(lib + "delta_backward")
     def _(g, q, k, v, beta, saved, chunk):

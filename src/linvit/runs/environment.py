@@ -26,8 +26,8 @@ def environment() -> dict:
             **{f"cpu_{name}": on for name, on in cpu_features().items()},
             "processes": int(os.environ.get("WORLD_SIZE", "1")),     # torch.distributed world
             "threads": torch.get_num_threads(),                      # of each process
-            # which CPU path linear attention ran (linvit's C++ kernel, or why not)
-            "cpu_linear_attention": cpp_kernels.status(),
+            # which CPU path the linear operators ran (linvit's C++ kernels, or why not)
+            "cpu_kernels": cpp_kernels.status(),
             # the devices and cluster job it ran in: a SLURM job's allocation, seen from inside
             "cuda_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "slurm_job": os.environ.get("SLURM_JOB_ID")}

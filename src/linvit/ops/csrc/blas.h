@@ -32,7 +32,7 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, 
 // A scratch buffer per thread and slot, reused across tasks and calls. Each kernel numbers its
 // own slots: a task of one kernel never runs inside a task of another.
 inline T* scratch(int slot, int64_t size) {
-  thread_local std::vector<T> buffers[16];
+  thread_local std::vector<T> buffers[32];
   if ((int64_t)buffers[slot].size() < size) buffers[slot].resize(size);
   return buffers[slot].data();
 }

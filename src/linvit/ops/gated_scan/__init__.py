@@ -19,7 +19,9 @@ Paths, picked by linvit.ops.backends.resolve_backend:
   reference  the recurrence token by token: the readable definition (slow: N steps);
   torch      chunked: exact within chunks of at most CHUNK tokens (ops.chunks.chunk_size), a state
              carried between them, time and memory linear in N; both directions at once on shared q,
-             k, v, with the backward pass written out (_ChannelChunks, _ScalarChunks);
+             k, v, with the backward pass written out (_ChannelChunks, _ScalarChunks); float32
+             runs in linvit's C++ kernel (gated_scan/cpp.py, csrc/gated_scan.cpp) where it
+             loads, both scans of a head chunk by chunk in cache;
   triton     fla's chunk_gla / chunk_simple_gla on CUDA when flash-linear-attention is installed,
              otherwise the chunked path (said once).
 
