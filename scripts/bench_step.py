@@ -97,14 +97,6 @@ def linvit_step(args, batches, backend=None, bf16=None, **opt_kwargs):
                                    params=params)
 
 
-def without_kernel(fn):
-    """fn with linvit's C++ kernel turned off for its duration (the fused PyTorch core runs)."""
-    def run():
-        with cpp_kernels.disabled():
-            fn()
-    return run
-
-
 def seconds(fn) -> float:
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
@@ -139,7 +131,7 @@ def main() -> int:
                 "linvit fused": linvit_step(args, batches, fused=True)}
     if args.device == "cpu":
         variants["linvit bf16"] = linvit_step(args, batches, bf16=True)
-        variants["linvit no C++"] = without_kernel(linvit_step(args, batches))
+        variants["linvit no C++"] = cpp_kernels.disabled()(linvit_step(args, batches))
     compiled = linvit_step(args, batches, backend=args.backend)
     compile_s = seconds(compiled)             # first pass: tracing and code generation included
     variants[f"linvit compiled ({args.backend})"] = compiled

@@ -15,9 +15,10 @@ it only the time split is printed. A ceiling above an operator's goal says the g
 by fusing the rest; below it, that its products alone are too slow (deltanet_ceiling.py times
 deltanet's products bare, arranged as favourably as the algorithm allows).
 
-Cores in linvit's C++ kernel (the feature-map family on the CPU) show as its two ops
-(linvit_cpu::linear_forward, _backward), products and all: the profiler cannot split them, so
-they get no ceiling here (scripts/cpp_kernel_ab.py times them against the fused PyTorch path).
+Cores in linvit's C++ kernels (the feature-map family, gla, mamba2 and deltanet on the CPU in
+float32) show as the kernels' ops (linvit_cpu::linear_forward, gated_backward, ...), products and
+all: the profiler cannot split them, so they get no ceiling here (scripts/cpp_kernel_ab.py times
+them against the PyTorch paths; LINVIT_CPP=0 profiles those).
 
     .venv/bin/python scripts/core_profile.py [--tokens 4096] [--shares linear=0.39 ...] [NAME ...]
 """

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -29,6 +30,22 @@ def _one_thread():
 # on before triton is first imported: test_kernels.py runs them in a process of their own.
 _KERNELS_HERE = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 collect_ignore = [] if _KERNELS_HERE else ["ops/interpreted"]
+
+
+@pytest.fixture(params=["cpp", "fused"])
+def cpu_path(request, monkeypatch):
+    """The torch backend's two CPU implementations: linvit's C++ kernels, and the PyTorch paths
+    that run where they cannot be built. The kernels' cases fail, not skip, where a compiler
+    exists and the kernels still do not load."""
+    from linvit.ops import cpp_kernels
+
+    if request.param == "fused":
+        monkeypatch.setattr(cpp_kernels, "load", lambda: False)
+    elif shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler to build linvit's CPU kernels")
+    else:
+        assert cpp_kernels.load(), cpp_kernels.status()
+    return request.param
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:

@@ -276,5 +276,8 @@ def test_disabled_runs_the_fused_path_inside_the_block_only():
         with cpp_kernels.disabled():
             off = linear_attention(q, k, v, "elu1")
         on = linear_attention(q, k, v, "elu1")
+        wrapped = cpp_kernels.disabled()(lambda: linear_attention(q, k, v, "elu1"))
+        twice = [wrapped(), wrapped()]                 # as a decorator: off on every call
     assert type(off.grad_fn).__name__ == "FusedLinearAttentionBackward"
     assert type(on.grad_fn).__name__ == "CppLinearAttentionBackward"
+    assert all(type(t.grad_fn).__name__ == "FusedLinearAttentionBackward" for t in twice)

@@ -87,8 +87,9 @@ def load() -> bool:
 
 @contextlib.contextmanager
 def disabled():
-    """The fused PyTorch path inside the block, as LINVIT_CPP=0 gives a whole process: the
-    kernel timed against what it replaces in one run (scripts/bench_step.py, cpp_kernel_ab.py)."""
+    """The PyTorch paths inside the block, as LINVIT_CPP=0 gives a whole process: the kernels
+    timed against what they replace in one run (scripts/bench_step.py, cpp_kernel_ab.py).
+    `disabled()(fn)` is fn with the kernels off on every call."""
     token = _OFF.set(True)
     try:
         yield
