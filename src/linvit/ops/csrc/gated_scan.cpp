@@ -184,14 +184,16 @@ void channel_chunk_grads(const Shape& d, const Inputs& in, const Rows& r, bool b
 // product with V and its gradient run once per chunk (in the forward direction's pass), as the
 // PyTorch path does; only the states' parts run per direction.
 
-// b (C), e = exp(b), r = e^(b_last - b), the key weights w (ones without them), r w, and the
-// masked exponentials E (C x C) and D = E diag(w), for one chunk of one direction (its own
-// scratch slots: both directions' factors are held at once).
+// b (C), e = exp(b), r = e^(b_last - b), the key weights w (ones without them), r w, and, with
+// `matrices`, the masked exponentials E (C x C) and D = E diag(w), for one chunk of one direction
+// (its own scratch slots: both directions' factors are held at once). Only the map's passes use
+// E and D; the states' parts need the vectors alone.
 struct ScalarFactors {
   T *b, *e, *r, *w, *rw, *E, *D;
 };
 
-ScalarFactors scalar_factors(const Shape& d, const Inputs& in, const Rows& r, bool backward) {
+ScalarFactors scalar_factors(const Shape& d, const Inputs& in, const Rows& r, bool backward,
+                             bool matrices) {
   const int64_t C = d.chunk;
   T* v = scratch(backward ? kB1 : kB, 5 * C);
   ScalarFactors f{v, v + C, v + 2 * C, v + 3 * C, v + 4 * C, scratch(backward ? kE1 : kE, C * C),
@@ -204,6 +206,7 @@ ScalarFactors scalar_factors(const Shape& d, const Inputs& in, const Rows& r, bo
     f.w[i] = in.w ? in.w[r.rd + i] : T(1);
     f.rw[i] = f.r[i] * f.w[i];
   }
+  if (!matrices) return f;
   // E by rows in the scan's order, each the row before times the token's decay a_i = e^la_i
   // (e^(b_i - b_j) = a_i e^(b_prev - b_j)): C exponentials rather than C^2; then D = E w on the
   // scan's side, the diagonal left out if strict
@@ -239,14 +242,14 @@ void scalar_forward(const Shape& d, const Inputs& in, int64_t h, bool backward, 
     const Rows r(d, backward, h, c);
     const T *qc = in.q + r.r0 * Dk, *kc = in.k + r.r0 * Dk, *vc = in.v + r.r0 * Dv;
     T *qk = in.qk + r.r0 * C, *oc = out + r.r0 * Dv;
-    const ScalarFactors f = scalar_factors(d, in, r, backward);
+    const ScalarFactors f = scalar_factors(d, in, r, backward, backward);
     std::copy(S, S + Dk * Dv, in.states + (r.rd / C) * Dk * Dv);
     gemm(false, false, C, Dv, Dk, qc, Dk, S, Dv, 0, y, Dv);  // Y = Q S, then o (+)= e Y
     for (int64_t i = 0; i < C; ++i)
       for (int64_t x = 0; x < Dv; ++x)
         oc[i * Dv + x] = (backward ? oc[i * Dv + x] : T(0)) + f.e[i] * y[i * Dv + x];
     if (backward) {  // the map of both sides, once: Q K^T was kept by the forward pass
-      const ScalarFactors g = scalar_factors(d, in, Rows(d, 0, h, c), false);
+      const ScalarFactors g = scalar_factors(d, in, Rows(d, 0, h, c), false, true);
       T* a = scratch(kDa, C * C);
       scalar_map(qk, f, g, a, C);
       gemm(false, false, C, Dv, C, a, C, vc, Dv, 1, oc, Dv);
@@ -298,7 +301,8 @@ void scalar_map_grads(const Shape& d, const Inputs& in, int64_t h, int64_t c, co
                       const Grads& out) {
   const int64_t C = d.chunk, Dk = d.dk, Dv = d.dv;
   const Rows rf(d, 0, h, c), rb(d, 1, h, c);
-  const ScalarFactors f = scalar_factors(d, in, rf, false), g = scalar_factors(d, in, rb, true);
+  const ScalarFactors f = scalar_factors(d, in, rf, false, true);
+  const ScalarFactors g = scalar_factors(d, in, rb, true, true);
   const T *qc = in.q + rf.r0 * Dk, *kc = in.k + rf.r0 * Dk, *vc = in.v + rf.r0 * Dv;
   const T* qk = in.qk + rf.r0 * C;
   T *da = scratch(kDa, C * C), *a = scratch(kDk, C * C);
@@ -322,7 +326,7 @@ void scalar_map_grads(const Shape& d, const Inputs& in, int64_t h, int64_t c, co
 void scalar_state_grads(const Shape& d, const Inputs& in, const Rows& r, bool backward,
                         const T* doc, T* G, const Grads& out) {
   const int64_t C = d.chunk, Dk = d.dk, Dv = d.dv;
-  const ScalarFactors f = scalar_factors(d, in, r, backward);
+  const ScalarFactors f = scalar_factors(d, in, r, backward, false);
   const T *qc = in.q + r.r0 * Dk, *kc = in.k + r.r0 * Dk, *vc = in.v + r.r0 * Dv;
   const T* S = in.states + (r.rd / C) * Dk * Dv;
   T *z = scratch(kDp, C * Dk), *vg = scratch(kVg, C * Dk), *kw = scratch(kK, C * Dk);
