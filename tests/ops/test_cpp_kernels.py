@@ -281,3 +281,32 @@ def test_disabled_runs_the_fused_path_inside_the_block_only():
     assert type(off.grad_fn).__name__ == "FusedLinearAttentionBackward"
     assert type(on.grad_fn).__name__ == "CppLinearAttentionBackward"
     assert all(type(t.grad_fn).__name__ == "FusedLinearAttentionBackward" for t in twice)
+
+
+def _scan_call(op, q, k, v, chunk=4, decays=1, weights=None):
+    beta_or_log_a = (torch.rand(2, q.shape[0], q.shape[1]) if op == "delta"
+                     else -torch.rand(2, q.shape[0], q.shape[1], decays))
+    if op == "delta":
+        return torch.ops.linvit_cpu.delta_forward(q, k, v, beta_or_log_a, chunk)
+    w = torch.empty(0) if weights is None else weights
+    return torch.ops.linvit_cpu.gated_forward(q, k, v, beta_or_log_a, w, chunk, False)
+
+
+@needs_compiler
+@pytest.mark.parametrize("op, case, message", [
+    *((op, case, message) for op in ("delta", "gated") for case, message in (
+        ("float64", "must be a contiguous float32 CPU tensor"),
+        ("ragged", "are not whole chunks of 4"),
+        ("shapes", "disagree"))),
+    ("gated", "weights", "key weights")])
+def test_scan_ops_name_bad_input_before_computing(op, case, message):
+    """Called directly, the ops check their inputs and say what is wrong (the Python sides pad
+    and cast, so these guard misuse)."""
+    assert cpp_kernels.load(), cpp_kernels.status()
+    q, k, v = (torch.randn(3, 8, 6) for _ in range(3))
+    first = lambda t, n: t[:, :n].contiguous()                   # noqa: E731
+    args = {"float64": (q.double(), k, v), "ragged": (first(q, 6), first(k, 6), first(v, 6)),
+            "shapes": (q, first(k, 4), v), "weights": (q, k, v)}[case]
+    kwargs = {"decays": 6, "weights": torch.rand(2, 3, 8)} if case == "weights" else {}
+    with pytest.raises(RuntimeError, match=message):
+        _scan_call(op, *args, **kwargs)

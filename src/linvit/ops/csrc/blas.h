@@ -3,6 +3,7 @@
 // which cost more than the product itself at these sizes.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <cstdint>
@@ -46,6 +47,15 @@ void each_task(int64_t count, F fn) {
     for (int64_t t = begin; t < end; ++t) fn(t);
     if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(before);
   });
+}
+
+// Every op's inputs: contiguous float32 CPU tensors of `dim` dims, or an error naming the op and
+// the tensor (the Python side makes them so; this guards direct calls).
+inline void check_input(const at::Tensor& t, const char* op, const char* name, int64_t dim) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == dim && t.is_contiguous() &&
+                  t.scalar_type() == at::kFloat,
+              "linvit ", op, ": ", name, " must be a contiguous float32 CPU tensor of ", dim,
+              " dims");
 }
 
 }  // namespace linvit

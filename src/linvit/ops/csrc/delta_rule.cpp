@@ -21,10 +21,12 @@
 #include <tuple>
 
 #include "blas.h"
+#include "scan.h"
 
 namespace {
 
 using linvit::gemm;
+using linvit::keep_side;
 using linvit::scratch;
 using linvit::T;
 
@@ -33,18 +35,6 @@ enum Slot { kS = 0, kTb = 1, kG = 2, kDp = 3, kDn = 4, kZ = 5, kZn = 6, kZs = 7,
 struct Shape {
   int64_t heads, tokens, chunk, chunks, dk, dv;
 };
-
-// Whether (i, j) of a chunk matrix is on the scan's side: j before i in the scan's order, or the
-// diagonal too (inclusive).
-inline bool seen(int64_t i, int64_t j, bool backward, bool inclusive) {
-  return backward ? (inclusive ? j >= i : j > i) : (inclusive ? j <= i : j < i);
-}
-
-void keep_side(T* a, int64_t C, bool backward, bool inclusive) {
-  for (int64_t i = 0; i < C; ++i)
-    for (int64_t j = 0; j < C; ++j)
-      if (!seen(i, j, backward, inclusive)) a[i * C + j] = 0;
-}
 
 // t = (I + diag(beta) a)^-1 for a on the scan's strict side, by substitution in scan order:
 // row i of t is e_i - beta_i sum_j a_ij t_j over the rows j before it, which are zero outside
@@ -112,10 +102,7 @@ at::Tensor saved_like(const at::Tensor& q, std::initializer_list<int64_t> tail) 
 }
 
 void check(const at::Tensor& t, const char* name, int64_t dim) {
-  TORCH_CHECK(t.device().is_cpu() && t.dim() == dim && t.is_contiguous() &&
-                  t.scalar_type() == at::kFloat,
-              "linvit delta rule: ", name, " must be a contiguous float32 CPU tensor of ", dim,
-              " dims");
+  linvit::check_input(t, "delta rule", name, dim);
 }
 
 Shape shape_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

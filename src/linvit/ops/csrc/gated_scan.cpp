@@ -23,10 +23,13 @@
 #include <vector>
 
 #include "blas.h"
+#include "scan.h"
 
 namespace {
 
 using linvit::gemm;
+using linvit::keep_side;
+using linvit::side;
 using linvit::scratch;
 using linvit::T;
 
@@ -38,22 +41,6 @@ struct Shape {
   int64_t heads, tokens, chunk, chunks, dk, dv;
   bool strict, scalar, weighted;
 };
-
-// (i, j) on the scan's side of the chunk: j before i in the scan's order, or the diagonal too.
-inline bool seen(int64_t i, int64_t j, bool backward, bool strict) {
-  return backward ? (strict ? j > i : j >= i) : (strict ? j < i : j <= i);
-}
-
-// The columns [lo, hi) of row i on the scan's side.
-inline std::pair<int64_t, int64_t> side(int64_t i, int64_t C, bool backward, bool strict) {
-  return backward ? std::make_pair(strict ? i + 1 : i, C) : std::make_pair(int64_t(0), strict ? i : i + 1);
-}
-
-void keep_side(T* a, int64_t C, bool backward, bool strict) {
-  for (int64_t i = 0; i < C; ++i)
-    for (int64_t j = 0; j < C; ++j)
-      if (!seen(i, j, backward, strict)) a[i * C + j] = 0;
-}
 
 // b (C x W): the cumulative sums of the chunk's log-decays (C x W) in the scan's order.
 void cumulative(const T* la, T* b, int64_t C, int64_t W, bool backward) {
@@ -114,7 +101,7 @@ void channel_forward(const Shape& d, const Inputs& in, int64_t h, bool backward,
     T* oc = out + r.r0 * Dv;
     std::copy(S, S + Dk * Dv, in.states + (r.rd / C) * Dk * Dv);
     gemm(false, true, C, C, Dk, p, Dk, kt, Dk, 0, a, C);  // A = P K^T
-    keep_side(a, C, backward, d.strict);
+    keep_side(a, C, backward, !d.strict);
     gemm(false, false, C, Dv, Dk, p, Dk, S, Dv, backward ? 1 : 0, oc, Dv);  // P S
     gemm(false, false, C, Dv, C, a, C, vc, Dv, 1, oc, Dv);                 // + A V
     gemm(true, false, Dk, Dv, C, kt, Dk, vc, Dv, 1, S, Dv);                // S + K^T V
@@ -141,9 +128,9 @@ void channel_chunk_grads(const Shape& d, const Inputs& in, const Rows& r, bool b
   const T* total = e + last_row(d, backward) * Dk;
   const T beta = backward ? 1 : 0;  // the second direction adds to the first's gradients
   gemm(false, true, C, C, Dk, p, Dk, kt, Dk, 0, a, C);
-  keep_side(a, C, backward, d.strict);
+  keep_side(a, C, backward, !d.strict);
   gemm(false, true, C, C, Dv, doc, Dv, vc, Dv, 0, da, C);  // dA = dO V^T, A's side
-  keep_side(da, C, backward, d.strict);
+  keep_side(da, C, backward, !d.strict);
   T* dvc = out.dv + r.r0 * Dv;
   gemm(true, false, C, Dv, C, a, C, doc, Dv, beta, dvc, Dv);  // dV = A^T dO + (K e_last) G
   T* kg = scratch(kR, C * Dk);
@@ -216,13 +203,13 @@ ScalarFactors scalar_factors(const Shape& d, const Inputs& in, const Rows& r, bo
     const int64_t i = backward ? C - 1 - s : s, prev = backward ? i + 1 : i - 1;
     T *Ei = f.E + i * C, *Di = f.D + i * C;
     if (s) {
-      const auto [lo, hi] = side(i, C, backward, true);
+      const auto [lo, hi] = side(i, C, backward, false);
       const T a = std::exp(in.la[r.rd + i]);
       const T* Ep = f.E + prev * C;
       for (int64_t j = lo; j < hi; ++j) Ei[j] = Ep[j] * a;
     }
     Ei[i] = 1;
-    const auto [lo, hi] = side(i, C, backward, d.strict);
+    const auto [lo, hi] = side(i, C, backward, !d.strict);
     for (int64_t j = lo; j < hi; ++j) Di[j] = Ei[j] * f.w[j];
   }
   return f;
@@ -273,7 +260,7 @@ void map_decay_grads(const Shape& d, const ScalarFactors& f, bool backward, cons
   T* col = scratch(kCol, C);
   std::fill(col, col + C, T(0));
   for (int64_t i = 0; i < C; ++i) {
-    const auto [lo, hi] = side(i, C, backward, d.strict);
+    const auto [lo, hi] = side(i, C, backward, !d.strict);
     const T *dai = da + i * C, *qki = qk + i * C, *Ei = f.E + i * C;
     T row = 0;
     for (int64_t j = lo; j < hi; ++j) {
@@ -365,10 +352,7 @@ void scalar_state_grads(const Shape& d, const Inputs& in, const Rows& r, bool ba
 // --- the ops -----------------------------------------------------------------------------------
 
 void check(const at::Tensor& t, const char* name, int64_t dim) {
-  TORCH_CHECK(t.device().is_cpu() && t.dim() == dim && t.is_contiguous() &&
-                  t.scalar_type() == at::kFloat,
-              "linvit gated scan: ", name, " must be a contiguous float32 CPU tensor of ", dim,
-              " dims");
+  linvit::check_input(t, "gated scan", name, dim);
 }
 
 Shape shape_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

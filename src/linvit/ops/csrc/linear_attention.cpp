@@ -293,10 +293,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> backward
 }
 
 void check(const at::Tensor& t, const char* name, int64_t dim = 3) {
-  TORCH_CHECK(t.device().is_cpu() && t.dim() == dim && t.is_contiguous() &&
-                  t.scalar_type() == at::kFloat,
-              "linvit linear attention: ", name, " must be a contiguous float32 CPU tensor of ",
-              dim, " dims");
+  linvit::check_input(t, "linear attention", name, dim);
 }
 
 // The feature maps of queries and keys from the call's `params`: none (identity, elu + 1),
