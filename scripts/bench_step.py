@@ -14,9 +14,9 @@ Variants, each timed over the same `--steps` batches in every repeat (order rota
   linvit fused     eager, with torch's fused AdamW kernel (fused=True)
   linvit bf16      (CPU) eager under bf16 autocast, as run.amp=auto trains on a CPU with
                    AVX512-BF16 and no AMX (runs.runtime.bf16_pays)
-  linvit no C++    (CPU) eager with linvit's C++ linear-attention kernel turned off (the fused
-                   PyTorch core, as LINVIT_CPP=0 runs): what the kernel gives a feature-map
-                   operator's step (every other variant runs it where it loads)
+  linvit no C++    (CPU) eager with linvit's C++ kernels turned off (the PyTorch cores, as
+                   LINVIT_CPP=0 runs): what the kernels give the step of an operator that has
+                   one (every other variant runs them where they load)
 Prints each variant's median images/s with its range, the ratio to timm eager, and for the
 compiled step the compile time and its ratio over a cell of `--cell-steps` steps (the default
 grid's cell: 6,000 images in batches of 128). Measurements go to a dated page under docs/.

@@ -49,6 +49,23 @@ void each_task(int64_t count, F fn) {
   });
 }
 
+// Row helpers for the kernels' elementwise steps: __restrict__ tells the compiler the rows do not
+// overlap, which it cannot prove for float pointers, so that these loops vectorise.
+inline T dot(const T* __restrict__ a, const T* __restrict__ b, int64_t n) {
+  T acc = 0;
+  for (int64_t x = 0; x < n; ++x) acc += a[x] * b[x];
+  return acc;
+}
+
+// y = a x, or y += a x with `add`.
+inline void scaled(T a, const T* __restrict__ x, T* __restrict__ y, int64_t n, bool add = false) {
+  if (add) {
+    for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] = a * x[i];
+  }
+}
+
 // Every op's inputs: contiguous float32 CPU tensors of `dim` dims, or an error naming the op and
 // the tensor (the Python side makes them so; this guards direct calls).
 inline void check_input(const at::Tensor& t, const char* op, const char* name, int64_t dim) {

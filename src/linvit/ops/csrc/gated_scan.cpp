@@ -27,9 +27,11 @@
 
 namespace {
 
+using linvit::dot;
 using linvit::gemm;
 using linvit::keep_side;
 using linvit::side;
+using linvit::scaled;
 using linvit::scratch;
 using linvit::T;
 
@@ -232,9 +234,7 @@ void scalar_forward(const Shape& d, const Inputs& in, int64_t h, bool backward, 
     const ScalarFactors f = scalar_factors(d, in, r, backward, backward);
     std::copy(S, S + Dk * Dv, in.states + (r.rd / C) * Dk * Dv);
     gemm(false, false, C, Dv, Dk, qc, Dk, S, Dv, 0, y, Dv);  // Y = Q S, then o (+)= e Y
-    for (int64_t i = 0; i < C; ++i)
-      for (int64_t x = 0; x < Dv; ++x)
-        oc[i * Dv + x] = (backward ? oc[i * Dv + x] : T(0)) + f.e[i] * y[i * Dv + x];
+    for (int64_t i = 0; i < C; ++i) scaled(f.e[i], y + i * Dv, oc + i * Dv, Dv, backward);
     if (backward) {  // the map of both sides, once: Q K^T was kept by the forward pass
       const ScalarFactors g = scalar_factors(d, in, Rows(d, 0, h, c), false, true);
       T* a = scratch(kDa, C * C);
@@ -243,12 +243,24 @@ void scalar_forward(const Shape& d, const Inputs& in, int64_t h, bool backward, 
     } else {
       gemm(false, true, C, C, Dk, qc, Dk, kc, Dk, 0, qk, C);
     }
-    for (int64_t i = 0; i < C; ++i)
-      for (int64_t x = 0; x < Dk; ++x) kw[i * Dk + x] = kc[i * Dk + x] * f.rw[i];
+    for (int64_t i = 0; i < C; ++i) scaled(f.rw[i], kc + i * Dk, kw + i * Dk, Dk);
     const T total = f.e[last_row(d, backward)];
     for (int64_t x = 0; x < Dk * Dv; ++x) S[x] *= total;
     gemm(true, false, Dk, Dv, C, kw, Dk, vc, Dv, 1, S, Dv);  // S e_last + (k r w)^T V
   }
+}
+
+// One row of map_decay_grads: t_j = da_j qk_j E_j over [lo, hi), added to col; returns
+// sum_j t_j w_j.
+inline T side_sums(const T* __restrict__ da, const T* __restrict__ qk, const T* __restrict__ E,
+                   const T* __restrict__ w, T* __restrict__ col, int64_t lo, int64_t hi) {
+  T row = 0;
+  for (int64_t j = lo; j < hi; ++j) {
+    const T t = da[j] * qk[j] * E[j];
+    row += t * w[j];
+    col[j] += t;
+  }
+  return row;
 }
 
 // d b and d w of one direction through D = E diag(w), E_ij = e^(b_i - b_j): with
@@ -261,14 +273,7 @@ void map_decay_grads(const Shape& d, const ScalarFactors& f, bool backward, cons
   std::fill(col, col + C, T(0));
   for (int64_t i = 0; i < C; ++i) {
     const auto [lo, hi] = side(i, C, backward, !d.strict);
-    const T *dai = da + i * C, *qki = qk + i * C, *Ei = f.E + i * C;
-    T row = 0;
-    for (int64_t j = lo; j < hi; ++j) {
-      const T t = dai[j] * qki[j] * Ei[j];
-      row += t * f.w[j];
-      col[j] += t;
-    }
-    db[i] += row;
+    db[i] += side_sums(da + i * C, qk + i * C, f.E + i * C, f.w, col, lo, hi);
   }
   for (int64_t j = 0; j < C; ++j) db[j] -= f.w[j] * col[j], dw[j] += col[j];
 }
@@ -319,21 +324,17 @@ void scalar_state_grads(const Shape& d, const Inputs& in, const Rows& r, bool ba
   T *z = scratch(kDp, C * Dk), *vg = scratch(kVg, C * Dk), *kw = scratch(kK, C * Dk);
   T *db = scratch(kDb, C), *dw = scratch(kR, C), *y = scratch(kY, C * Dv);
   const int64_t last = last_row(d, backward);
-  for (int64_t i = 0; i < C; ++i)
-    for (int64_t x = 0; x < Dk; ++x) kw[i * Dk + x] = kc[i * Dk + x] * f.rw[i];
+  for (int64_t i = 0; i < C; ++i) scaled(f.rw[i], kc + i * Dk, kw + i * Dk, Dk);
   T *dqc = out.dq + r.r0 * Dk, *dkc = out.dk + r.r0 * Dk;
   gemm(false, false, C, Dv, Dk, kw, Dk, G, Dv, 1, out.dv + r.r0 * Dv, Dv);  // dV += (k r w) G
   gemm(false, true, C, Dk, Dv, doc, Dv, S, Dv, 0, z, Dk);  // Z = dO S^T
   gemm(false, true, C, Dk, Dv, vc, Dv, G, Dv, 0, vg, Dk);  // d(k r w) = V G^T
   T dlast = 0;
   for (int64_t i = 0; i < C; ++i) {
-    T qz = 0, s = 0;  // o_i has e_i Q_i S: d e_i = dO_i . Q_i S = Q_i . Z_i
-    for (int64_t x = 0; x < Dk; ++x) {
-      qz += qc[i * Dk + x] * z[i * Dk + x];
-      s += vg[i * Dk + x] * kc[i * Dk + x];
-      dqc[i * Dk + x] += f.e[i] * z[i * Dk + x];
-      dkc[i * Dk + x] += f.rw[i] * vg[i * Dk + x];
-    }
+    // o_i has e_i Q_i S: d e_i = dO_i . Q_i S = Q_i . Z_i
+    const T qz = dot(qc + i * Dk, z + i * Dk, Dk), s = dot(vg + i * Dk, kc + i * Dk, Dk);
+    scaled(f.e[i], z + i * Dk, dqc + i * Dk, Dk, true);
+    scaled(f.rw[i], vg + i * Dk, dkc + i * Dk, Dk, true);
     // r w = e^(b_last - b_i) w_i: d w_i = r_i s, d b_i -= r_i w_i s, d b_last += r_i w_i s
     db[i] = f.e[i] * qz - f.rw[i] * s;
     dw[i] = f.r[i] * s;
@@ -343,8 +344,8 @@ void scalar_state_grads(const Shape& d, const Inputs& in, const Rows& r, bool ba
   for (int64_t x = 0; x < Dk * Dv; ++x) gs += G[x] * S[x];
   db[last] += dlast + f.e[last] * gs;
   add_decay_grads(d, r, backward, db, dw, out);
-  for (int64_t i = 0; i < C; ++i)  // G <- e_last G + Q^T (e dO)
-    for (int64_t x = 0; x < Dv; ++x) y[i * Dv + x] = f.e[i] * doc[i * Dv + x];
+  // G <- e_last G + Q^T (e dO)
+  for (int64_t i = 0; i < C; ++i) scaled(f.e[i], doc + i * Dv, y + i * Dv, Dv);
   for (int64_t x = 0; x < Dk * Dv; ++x) G[x] *= f.e[last];
   gemm(true, false, Dk, Dv, C, qc, Dk, y, Dv, 1, G, Dv);
 }
