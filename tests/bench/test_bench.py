@@ -356,9 +356,9 @@ class MatmulFlops(TorchDispatchMode):
 def test_flop_counts_are_the_matmuls_the_fast_path_runs(name, monkeypatch):
     """core_flops against the matrix products the CPU fast path runs (softmax: its explicit map
     times V, as SDPA's CPU kernel is one opaque op), at a length of whole chunks (320 tokens:
-    5 x 64, 10 x 32); padded lengths are counted in tests/ops. The feature maps' products are
-    counted on the fused PyTorch path: linvit's C++ kernel runs the same products inside one op
-    the counter cannot open (tests/ops/test_cpp_kernels.py holds it to the same results)."""
+    5 x 64, 10 x 32); padded lengths are counted in tests/ops. Counted on the PyTorch paths:
+    linvit's C++ kernels run inside ops the counter cannot open (tests/ops holds them to the same
+    results; docs/2026-12-05-cpp-scans.md says which products they run)."""
     monkeypatch.setattr(cpp_kernels, "load", lambda: False)
     heads, d, n = 2, 32, 320
     op = make_operator(name, heads, d, 324, CPU)          # an 18 x 18 grid for local terms

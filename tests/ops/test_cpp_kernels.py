@@ -284,12 +284,12 @@ def test_disabled_runs_the_fused_path_inside_the_block_only():
 
 
 def _scan_call(op, q, k, v, chunk=4, decays=1, weights=None):
-    beta_or_log_a = (torch.rand(2, q.shape[0], q.shape[1]) if op == "delta"
-                     else -torch.rand(2, q.shape[0], q.shape[1], decays))
+    bh, n = q.shape[:2]
     if op == "delta":
-        return torch.ops.linvit_cpu.delta_forward(q, k, v, beta_or_log_a, chunk)
+        return torch.ops.linvit_cpu.delta_forward(q, k, v, torch.rand(2, bh, n), chunk)
     w = torch.empty(0) if weights is None else weights
-    return torch.ops.linvit_cpu.gated_forward(q, k, v, beta_or_log_a, w, chunk, False)
+    return torch.ops.linvit_cpu.gated_forward(q, k, v, -torch.rand(2, bh, n, decays), w, chunk,
+                                              False)
 
 
 @needs_compiler

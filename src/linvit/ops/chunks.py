@@ -3,6 +3,7 @@ products over (batch, chunk) axes."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def chunk_bmm(a: torch.Tensor, b: torch.Tensor, spent: torch.Tensor | None = None) -> torch.Tensor:
@@ -31,3 +32,12 @@ def padded_length(tokens: int, longest: int) -> tuple[int, int]:
     """(chunk, tokens padded to whole chunks): what a chunked path runs, for counting its FLOPs."""
     chunk = chunk_size(tokens, longest)
     return chunk, -(-tokens // chunk) * chunk
+
+
+def chunk_rows(t: torch.Tensor, chunk: int) -> torch.Tensor:
+    """(..., B, H, N, d) -> (..., B*H, n*C, d): the heads' token rows as the C++ kernels take
+    them, zero-padded to whole chunks of `chunk` (the kernels' outputs are cut back to N)."""
+    *lead, B, H, N, d = t.shape
+    pad = -(-N // chunk) * chunk - N
+    t = F.pad(t, (0, 0, 0, pad)) if pad else t
+    return t.reshape(*lead, B * H, N + pad, d)

@@ -106,7 +106,7 @@ def _build() -> None:
             torch.ops.load_library(str(library))        # at another path, ~10 s per process)
             return _register_fake()
         except OSError as exc:          # a broken file: build it again
-            log.warning("linear attention: rebuilding the C++ kernel (%s)", exc)
+            log.warning("rebuilding linvit's C++ CPU kernels (%s)", exc)
     # its import warns that a CPU-only machine has no CUDA runtime: true, and nothing to act on
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension

@@ -66,7 +66,8 @@ struct Saved {
   }
 };
 
-// One direction of one head, forward: writes (dir 0) or adds to (dir 1) the head's outputs.
+// One direction of one head, forward: writes (dir 0) or adds to (dir 1) the head's outputs. The
+// backward direction (dir 1) runs after the forward one and reads its saved A.
 void forward_scan(const Shape& d, int64_t h, bool backward, const T* q, const T* k, const T* v,
                   const T* beta, T* out, const Saved& saved) {
   const int64_t C = d.chunk, Dk = d.dk, Dv = d.dv;
@@ -77,8 +78,14 @@ void forward_scan(const Shape& d, int64_t h, bool backward, const T* q, const T*
     const int64_t c = backward ? d.chunks - 1 - step : step, r0 = h * d.tokens + c * C;
     const T *qc = q + r0 * Dk, *kc = k + r0 * Dk, *vc = v + r0 * Dv, *bc = beta + r0;
     const Saved x = saved.at(d, backward, h, c);
-    gemm(false, true, C, C, Dk, kc, Dk, kc, Dk, 0, x.a, C);  // K K^T, the scan's side
-    keep_side(x.a, C, backward, false);
+    if (backward) {  // K K^T is symmetric: the forward scan's lower side of this chunk, transposed
+      const T* af = saved.at(d, 0, h, c).a;
+      for (int64_t i = 0; i < C; ++i)
+        for (int64_t j = 0; j < C; ++j) x.a[i * C + j] = af[j * C + i];
+    } else {
+      gemm(false, true, C, C, Dk, kc, Dk, kc, Dk, 0, x.a, C);  // K K^T, the scan's side
+      keep_side(x.a, C, false, false);
+    }
     unit_inverse(x.a, bc, x.t, C, backward);
     for (int64_t i = 0; i < C; ++i)  // T diag(beta)
       for (int64_t j = 0; j < C; ++j) tb[i * C + j] = x.t[i * C + j] * bc[j];

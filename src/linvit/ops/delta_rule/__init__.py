@@ -24,11 +24,13 @@ L N = diag(beta) (V - K S_in) with L = I + tril(diag(beta) K K^T, -1), so with T
 batched triangular solve per chunk), W = T diag(beta) K and U = T diag(beta) V the chunk's values
 are N = U - W S_in, the state leaves as S_in + K^T N and the outputs are Q S_in + tril(Q K^T) N.
 Only the pass over chunks is sequential (two small matrix products per chunk). The backward
-direction is the mirror image: upper triangles, chunks visited last to first. It runs on the same
-chunks rather than on flipped copies, so both directions share Q K^T, K K^T and Q (S_F + S_B),
-and no token order is ever reversed in memory. The backward pass is written out: autograd
-through the chunk loop would keep and differentiate every per-chunk intermediate. On a CPU the
-small per-chunk products are memory-bound, so fewer materialised tensors is what buys speed.
+direction is the mirror image: upper triangles, chunks visited last to first. The PyTorch path
+runs it as the forward scan of the reversed sequence: both directions gathered by one index
+into a stack of 2 B H heads, the backward half in reversed token order. The C++ kernel runs it
+on the same chunks in place, its K K^T the forward scan's transposed. The backward pass is
+written out: autograd through the chunk loop would keep and differentiate every per-chunk
+intermediate. On a CPU the small per-chunk products are memory-bound, so fewer materialised
+tensors is what buys speed.
 
 Numerics: the cores compute in float32 (float64 when given float64, so the tests can hold the
 paths to each other tightly) and cast back to v's dtype. The map is formed in the same precision.

@@ -6,23 +6,18 @@ precision."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from linvit.ops.chunks import chunk_rows
 
 
 def cpp_scan(q, k, v, beta_forward, beta_backward, scale, chunk: int):
     """o = (o_F + o_B) / 2 on (B, H, N, d) inputs, in v's dtype; tokens padded to whole chunks
     (zero keys and betas write nothing), cut off at the end."""
     B, H, N, _ = q.shape
-    pad = -(-N // chunk) * chunk - N
-
-    def rows(t):                            # (B, H, N, d) -> (B*H, n*C, d), float32
-        t = F.pad(t.float(), (0, 0, 0, pad)) if pad else t.float()
-        return t.reshape(B * H, N + pad, t.shape[-1])
-
-    betas = torch.stack((beta_forward, beta_backward)).float()
-    betas = (F.pad(betas, (0, pad)) if pad else betas).reshape(2, B * H, N + pad)
-    out = _CppDeltaRule.apply(rows(q * (scale / 2)), rows(k), rows(v), betas, chunk)
-    return out.view(B, H, N + pad, -1)[:, :, :N].to(v.dtype)
+    rows = [chunk_rows(t.float(), chunk) for t in (q * (scale / 2), k, v)]
+    betas = chunk_rows(torch.stack((beta_forward, beta_backward)).float()[..., None], chunk)
+    out = _CppDeltaRule.apply(*rows, betas[..., 0], chunk)
+    return out.view(B, H, -1, out.shape[-1])[:, :, :N].to(v.dtype)
 
 
 class _CppDeltaRule(torch.autograd.Function):

@@ -6,7 +6,8 @@ chunks."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from linvit.ops.chunks import chunk_rows
 
 
 def cpp_scan(q, k, v, log_a, scales, strict: bool, scale: float, decay_scale: float,
@@ -15,16 +16,11 @@ def cpp_scan(q, k, v, log_a, scales, strict: bool, scale: float, decay_scale: fl
     scales (2, B, H, N, 1) or None. Tokens padded to whole chunks (zero keys write nothing, zero
     log-decays keep the state), cut off at the end."""
     B, H, N, _ = q.shape
-    pad = -(-N // chunk) * chunk - N
-
-    def rows(t):                      # (.., B, H, N, d) -> (.., B*H, n*C, d)
-        t = F.pad(t, (0, 0, 0, pad)) if pad else t
-        return t.reshape(*t.shape[:-4], B * H, N + pad, t.shape[-1])
-
-    weights = q.new_empty(0) if scales is None else rows(scales)[..., 0]
-    out = _CppGatedScan.apply(rows(q * scale), rows(k), rows(v), rows(log_a * decay_scale),
+    weights = q.new_empty(0) if scales is None else chunk_rows(scales, chunk)[..., 0]
+    out = _CppGatedScan.apply(chunk_rows(q * scale, chunk), chunk_rows(k, chunk),
+                              chunk_rows(v, chunk), chunk_rows(log_a * decay_scale, chunk),
                               weights, chunk, strict)
-    return out.view(B, H, N + pad, -1)[:, :, :N]
+    return out.view(B, H, -1, out.shape[-1])[:, :, :N]
 
 
 class _CppGatedScan(torch.autograd.Function):
