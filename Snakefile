@@ -48,6 +48,14 @@ onstart:
                            workflow.executor_settings)
 
 
+# Snakemake's Ctrl-C misses SLURM jobs under a status check at that instant (leftovers.py):
+# cancel what this run submitted and squeue still lists, whatever ended the run.
+onerror:
+    from linvit.workflow import leftovers
+
+    leftovers.cancel_leftovers(log)
+
+
 rule all:
     input:
         OUT.report,

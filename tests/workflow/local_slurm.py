@@ -24,6 +24,9 @@ PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scontrol", "scancel", "sacct")
 PARTITION = "linvit"
+# The plugin's job-status query: squeue --format='%i|%T' (snakemake-executor-plugin-slurm 2.x).
+STATUS_QUERY = "%i|%T"
+STALL_SECONDS = 5
 
 
 # where Debian puts them, whether or not the sbin folders are on PATH
@@ -92,6 +95,8 @@ class LocalSlurm:
         self.jobcomp = self.root / "jobcomp.txt"
         self.procs: dict[str, subprocess.Popen] = {}
         self.node = ""
+        self.stall_flag = self.root / "stall-status-checks"
+        self.stalling = self.root / "status-check-stalling"
 
     def env(self, base: dict | None = None) -> dict:
         """An environment whose SLURM commands reach this cluster."""
@@ -120,7 +125,7 @@ class LocalSlurm:
             self.client("scancel", "--user", str(os.getuid()))
             # a job still running after that ends with its step when slurmd stops
             with contextlib.suppress(RuntimeError):
-                wait_for("the jobs cancelled", lambda: not self.queue(), 60)
+                self.wait_for_empty_queue("the jobs cancelled", 60)
         for name in reversed(list(self.procs)):
             proc = self.procs.pop(name)
             proc.terminate()
@@ -130,18 +135,53 @@ class LocalSlurm:
                 proc.kill()
                 proc.wait()
 
+    @contextlib.contextmanager
+    def stalled_status_checks(self):
+        """Inside: each job-status query of the plugin takes STALL_SECONDS more. Yields a
+        function that waits until such a query is under way (an interrupt sent then lands while
+        Snakemake checks its jobs)."""
+        self.stalling.unlink(missing_ok=True)
+        self.stall_flag.touch()
+        try:
+            yield lambda: wait_for("a stalled status check", self.stalling.exists, 120)
+        finally:
+            self.stall_flag.unlink(missing_ok=True)
+
     def queue(self) -> list[str]:
         """Ids of the jobs SLURM has pending or running."""
         run = self.client("squeue", "-h", "-o", "%i")
         return run.stdout.split() if run.returncode == 0 else ["?"]
 
-    def cancel_from(self, workdir: Path) -> None:
-        """Cancel the pending or running jobs submitted from `workdir`."""
+    def wait_for_empty_queue(self, what: str, timeout: float, jobs=None) -> None:
+        """Wait until no job (or none of `jobs()`) is pending or running; else fail showing the
+        jobs left, their processes and the daemons' logs (a stuck job is otherwise a bare id)."""
+        jobs = jobs or self.queue
+        try:
+            wait_for(what, lambda: not jobs(), timeout)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}\n{self.describe()}") from None
+
+    def describe(self) -> str:
+        """The queue with states and reasons, each job left, and the daemons' log tails."""
+        parts = [self.client("squeue", "-o", "%i %T %j %r %M %Z").stdout]
+        for job in self.queue():
+            parts.append(self.client("scontrol", "show", "job", job).stdout)
+        parts.append(subprocess.run(["ps", "-eo", "pid,ppid,stat,etime,args"],
+                                    capture_output=True, text=True).stdout[-4000:])
+        for name in ("slurmctld", "slurmd"):
+            log = self.root / "log" / f"{name}.log"
+            if log.is_file():
+                parts.append(f"--- {name}.log\n" + log.read_text()[-3000:])
+        return "\n".join(parts)
+
+    def cancel_from(self, workdir: Path) -> list[str]:
+        """Cancel the pending or running jobs submitted from `workdir`; their ids."""
         run = self.client("squeue", "-h", "-o", "%i %Z")
         jobs = [line.split(" ", 1) for line in run.stdout.splitlines() if " " in line]
         ids = [job for job, folder in jobs if Path(folder) == Path(workdir)]
         if ids:
             self.client("scancel", *ids)
+        return ids
 
     def completed_jobs(self) -> list[dict]:
         """The job-completion records (jobcomp/filetxt: one line of KEY=value per ended job)."""
@@ -161,7 +201,12 @@ class LocalSlurm:
         for name in CLIENTS:
             target = program(name)
             wrapper = self.bin / name
-            wrapper.write_text(f"#!/bin/sh\nSLURM_CONF={shlex.quote(str(self.conf))} "
+            stall = ""
+            if name == "squeue":                 # see stalled_status_checks
+                flag, stalling = (shlex.quote(str(p)) for p in (self.stall_flag, self.stalling))
+                stall = (f"case \"$*\" in *{shlex.quote(STATUS_QUERY)}*) if [ -e {flag} ]; "
+                         f"then touch {stalling}; sleep {STALL_SECONDS}; fi;; esac\n")
+            wrapper.write_text(f"#!/bin/sh\n{stall}SLURM_CONF={shlex.quote(str(self.conf))} "
                                f"exec {shlex.quote(target)} \"$@\"\n")
             wrapper.chmod(0o755)
 
