@@ -26,7 +26,7 @@ CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scontrol", "scancel", "sacct")
 PARTITION = "linvit"
 # The plugin's job-status query: squeue --format='%i|%T' (snakemake-executor-plugin-slurm 2.x).
 STATUS_QUERY = "%i|%T"
-STALL_SECONDS = 5
+STALL_SECONDS = 15     # an interrupt sent within this of the check starting lands in it
 
 
 # where Debian puts them, whether or not the sbin folders are on PATH
