@@ -49,11 +49,14 @@ onstart:
 
 
 # Snakemake's Ctrl-C misses SLURM jobs under a status check at that instant (leftovers.py):
-# cancel what this run submitted and squeue still lists, whatever ended the run.
+# cancel what this run submitted and squeue still lists, whatever ended the run. The plugin
+# submits its jobs in the folder Snakemake started in (workdir_init, before any --directory).
 onerror:
+    import os
+
     from linvit.workflow import leftovers
 
-    leftovers.cancel_leftovers(log)
+    leftovers.cancel_leftovers(log, getattr(workflow, "workdir_init", os.getcwd()))
 
 
 rule all:

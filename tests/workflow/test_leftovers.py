@@ -25,9 +25,11 @@ def slurm_clients(tmp_path, monkeypatch):
     bin_.mkdir()
     cancelled = tmp_path / "scancel.args"
 
-    def install(queue: list[str] | None, refuse: bool = False):
+    def install(queue: list[str] | None, refuse: bool = False, workdir: Path = tmp_path):
+        """`queue`: job ids listed in `workdir` (an id "N@folder": in that folder)."""
+        lines = [j.replace("@", " ") if "@" in j else f"{j} {workdir}" for j in queue or []]
         body = ("exit 1" if queue is None
-                else f"printf '%s\\n' {' '.join(shlex.quote(j) for j in queue)}")
+                else f"printf '%s\\n' {' '.join(shlex.quote(j) for j in lines)}")
         (bin_ / "squeue").write_text(f"#!/bin/sh\n{body}\n")
         record = f"echo \"$@\" >> {shlex.quote(str(cancelled))}"
         if refuse:
@@ -54,14 +56,22 @@ def test_submitted_jobs_are_read_in_order_once():
 
 def test_only_the_runs_jobs_still_queued_are_cancelled(tmp_path, slurm_clients, capsys):
     cancelled = slurm_clients(["9", "12", "14", "140"])      # 9, 140: not this run's
-    assert cancel_leftovers(write_log(tmp_path)) == ["12", "14"]
+    assert cancel_leftovers(write_log(tmp_path), tmp_path) == ["12", "14"]
     assert cancelled.read_text() == "12 14\n"
     assert "cancelled SLURM jobs this run left running: 12 14" in capsys.readouterr().err
 
 
+def test_a_job_of_the_same_id_in_another_folder_is_not_the_runs(tmp_path, slurm_clients):
+    """Job ids are per cluster: the run's ids name its jobs only in the folder it submitted
+    from (the plugin's sbatch -D)."""
+    cancelled = slurm_clients([f"12@{tmp_path / 'elsewhere'}", "14"])
+    assert cancel_leftovers(write_log(tmp_path), tmp_path) == ["14"]
+    assert cancelled.read_text() == "14\n"
+
+
 def test_nothing_is_cancelled_when_none_is_left(tmp_path, slurm_clients, capsys):
     cancelled = slurm_clients(["9"])
-    assert cancel_leftovers(write_log(tmp_path)) == []
+    assert cancel_leftovers(write_log(tmp_path), tmp_path) == []
     assert not cancelled.exists() and capsys.readouterr().err == ""
 
 
@@ -69,7 +79,7 @@ def test_the_hooks_list_of_logs_is_read_as_one_path_is(tmp_path, slurm_clients):
     """Snakemake passes an onerror hook its log files as a list."""
     cancelled = slurm_clients(["12"])
     other = write_log(tmp_path / "other.log", "Job 9 has been submitted with SLURM jobid 12 ()")
-    assert cancel_leftovers([str(tmp_path / "gone.log"), other]) == ["12"]
+    assert cancel_leftovers([str(tmp_path / "gone.log"), other], tmp_path) == ["12"]
     assert cancelled.read_text() == "12\n"
 
 
@@ -80,19 +90,19 @@ def test_a_run_without_slurm_jobs_asks_nothing(tmp_path, slurm_clients, capsys, 
     slurm_clients(None)
     path = {None: None, "none": [], "missing": [tmp_path / "gone.log"],
             "local": write_log(tmp_path, "Finished jobid: 3 (Rule: teacher)\n")}[log]
-    assert cancel_leftovers(path) == []
+    assert cancel_leftovers(path, tmp_path) == []
     assert capsys.readouterr().err == ""
 
 
 def test_an_unanswered_squeue_names_the_jobs_to_check(tmp_path, slurm_clients, capsys):
     cancelled = slurm_clients(None)
-    assert cancel_leftovers(write_log(tmp_path)) == []
+    assert cancel_leftovers(write_log(tmp_path), tmp_path) == []
     assert not cancelled.exists()
     assert "submitted SLURM jobs 11 12 14" in capsys.readouterr().err
 
 
 def test_a_refused_scancel_is_reported_with_the_jobs(tmp_path, slurm_clients, capsys):
     slurm_clients(["12"], refuse=True)
-    assert cancel_leftovers(write_log(tmp_path)) == ["12"]
+    assert cancel_leftovers(write_log(tmp_path), tmp_path) == ["12"]
     assert ("scancel failed (scancel: error: Access/permission denied) for SLURM jobs this run "
             "left running: 12") in capsys.readouterr().err

@@ -389,9 +389,10 @@ def test_the_documented_command_reaches_sbatch(tmp_path, slurm):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=300)
-        # The plugin submits from a thread: a submission still in flight when Ctrl-C lands is not
-        # among the jobs Snakemake cancels, and these jobs ask more than this node has, so they
-        # would wait in the queue for good. (The interrupt test checks Snakemake's own cancel.)
+        # The plugin submits from a thread: a submission still in flight when Ctrl-C lands is in
+        # no list or log that Snakemake or the onerror hook cancels from, and these jobs ask more
+        # than this node has, so they would wait in the queue for good. (The interrupt test
+        # checks the cancel on Ctrl-C.)
         slurm.cancel_from(project)
         slurm.wait_for_empty_queue("the cancelled jobs gone", CANCEL_DEADLINE)
     assert len(slurm.completed_jobs()) > before

@@ -5,7 +5,8 @@ executor (snakemake-interface-executor-plugins) takes every job out of that list
 their status, putting them back after: a Ctrl-C during a check cancels none of them, and they go
 on running with no Snakemake waiting for them (CI saw a frozen training job keep its allocation).
 The run's own log names each job it submitted; the workflow's `onerror` hook cancels those that
-`squeue` still lists, and no other job of the user.
+`squeue` still lists with the run's working directory (the plugin submits with `-D <workdir>`; a
+job id alone could name another cluster's job where a run submits to several), and no other job.
 """
 from __future__ import annotations
 
@@ -24,20 +25,24 @@ def submitted_jobs(log_text: str) -> list[str]:
     return list(dict.fromkeys(SUBMITTED.findall(log_text)))
 
 
-def queued_jobs() -> set[str] | None:
-    """Ids of this user's pending or running jobs; None where squeue cannot answer."""
+def queued_jobs() -> dict[str, str] | None:
+    """This user's pending or running jobs, id -> working directory; None where squeue cannot
+    answer."""
     try:
-        run = subprocess.run(["squeue", "-h", "-o", "%i", "-u", str(os.getuid())],
+        run = subprocess.run(["squeue", "-h", "-o", "%i %Z", "-u", str(os.getuid())],
                              capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return set(run.stdout.split()) if run.returncode == 0 else None
+    if run.returncode != 0:
+        return None
+    return dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
 
 
-def cancel_leftovers(logs) -> list[str]:
+def cancel_leftovers(logs, workdir: str | os.PathLike) -> list[str]:
     """Cancel the jobs the run's Snakemake logs (`log` in an onerror hook: a list of paths, or
-    one path) say were submitted that squeue still lists; their ids (a refused scancel is
-    printed with them). Does nothing for a run that submitted nothing to SLURM."""
+    one path) say were submitted that squeue still lists in `workdir` (where the plugin
+    submitted them); their ids (a refused scancel is printed with them). Does nothing for a
+    run that submitted nothing to SLURM."""
     paths = [Path(p) for p in ([logs] if isinstance(logs, (str, os.PathLike)) else logs or [])]
     ids = submitted_jobs("".join(p.read_text(errors="replace") for p in paths if p.is_file()))
     if not ids:
@@ -47,7 +52,8 @@ def cancel_leftovers(logs) -> list[str]:
         print(f"linvit: squeue did not answer; this run submitted SLURM jobs {' '.join(ids)}: "
               "cancel any of them that `squeue --me` still lists", file=sys.stderr)
         return []
-    left = [job for job in ids if job in queued]
+    here = Path(workdir).resolve()
+    left = [job for job in ids if job in queued and Path(queued[job]).resolve() == here]
     if left:
         try:
             run = subprocess.run(["scancel", *left], capture_output=True, text=True, timeout=60)
