@@ -174,14 +174,13 @@ class LocalSlurm:
                 parts.append(f"--- {name}.log\n" + log.read_text()[-3000:])
         return "\n".join(parts)
 
-    def cancel_from(self, workdir: Path) -> list[str]:
-        """Cancel the pending or running jobs submitted from `workdir`; their ids."""
+    def cancel_from(self, workdir: Path) -> None:
+        """Cancel the pending or running jobs submitted from `workdir`."""
         run = self.client("squeue", "-h", "-o", "%i %Z")
         jobs = [line.split(" ", 1) for line in run.stdout.splitlines() if " " in line]
         ids = [job for job, folder in jobs if Path(folder) == Path(workdir)]
         if ids:
             self.client("scancel", *ids)
-        return ids
 
     def completed_jobs(self) -> list[dict]:
         """The job-completion records (jobcomp/filetxt: one line of KEY=value per ended job)."""

@@ -25,7 +25,7 @@ import yaml
 from test_paper_toy import deit_tiny_file, imagenet_folder, shift_folders, toy_paper_config
 from test_snakemake import TINY, copy_project, small_config, snakemake
 
-from linvit.workflow.leftovers import SUBMITTED
+from linvit.workflow.leftovers import SUBMITTED, submitted_jobs
 
 from local_slurm import PARTITION, LocalSlurm, Unavailable, wait_for
 
@@ -181,7 +181,7 @@ def interrupt_grid(project: Path, slurm: LocalSlurm, args: list[str], results: P
             under_way()
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=300)
-        submitted = set(SUBMITTED.findall(log.read_text()))
+        submitted = set(submitted_jobs(log.read_text()))
         slurm.wait_for_empty_queue("the run's jobs gone", CANCEL_DEADLINE,
                                    jobs=lambda: submitted & set(slurm.queue()))
         # A job whose sbatch was under way at the interrupt is in no log (the plugin submits
