@@ -281,6 +281,31 @@ def build(cls, data: dict, path: str = "") -> Any:
     return obj
 
 
+def check_field(cls, dotted: str, value) -> Any:
+    """`value` as field `dotted` (e.g. "optim.lr") of the config class `cls` would take it, or
+    a ConfigError naming the field (an unknown one with the allowed names). Types only: the
+    rules a whole config obeys (ranges, cross-field checks) are checked where it is built."""
+    node, path = cls, ""
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tp = _field_type(node, part, path)
+        if not dataclasses.is_dataclass(tp):
+            rest = dotted.removeprefix(f"{path}{part}.")
+            raise ConfigError(f"{path}{part}: a {getattr(tp, '__name__', tp)} field, not a "
+                              f"section of fields (it has no {rest})")
+        node, path = tp, f"{path}{part}."
+    tp = _field_type(node, leaf, path)
+    field_ = next(f for f in dataclasses.fields(node) if f.name == leaf)
+    return _coerce(tp, _with_defaults(field_, value), f"{path}{leaf}")
+
+
+def _field_type(cls, name: str, path: str):
+    names = [f.name for f in dataclasses.fields(cls)]
+    if name not in names:
+        raise ConfigError(f"{path}{name}: unknown field; allowed: {', '.join(names)}")
+    return typing.get_type_hints(cls)[name]
+
+
 def _with_defaults(f: dataclasses.Field, value):
     """A partial mapping for a nested config completes the field's own default (DistillConfig's
     optim has epochs=1), not the nested class's defaults (OptimCfg's epochs=10)."""

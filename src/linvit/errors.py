@@ -27,6 +27,11 @@ class DatasetNotFound(DataError, FileNotFoundError):
     """A dataset that is not on disk; the message names the paths looked at and how to install."""
 
 
+class ResultsError(LinvitError, ValueError):
+    """Result files (records, grid.json, results.csv) that cannot be reported as they are, e.g.
+    two records with one key; the message names the files."""
+
+
 class RunDirError(LinvitError):
     """An output folder linvit must not or cannot write: foreign, locked, another run's."""
 

@@ -12,7 +12,9 @@ from linvit.render.tables import t95
 from linvit.report.claims import CLAIMS, claims_frame, claims_markdown, estimate, verdicts
 from linvit.report.collect import results_frame
 from linvit.report.cost import time_to_target
+from linvit.report.grid import Grid
 
+GRID = Grid(cells=[], main_loss="out", orders={}, tables=[])
 BASE = {"random": 40.0, "copy_embed": 45.0, "copy_attn": 46.0, "copy_mlp": 60.0,
         "copy_all": 70.0, "distill": 50.0, "copy_mlp+distill": 72.0}
 
@@ -37,7 +39,7 @@ def grid(offsets: dict, seeds, softmax: float = 71.0) -> pd.DataFrame:
 
 
 def verdict_of(results, claim: str, operator: str):
-    return next(v for v in verdicts(results, "out")
+    return next(v for v in verdicts(results, GRID)
                 if v.claim.name == claim and v.where["operator"] == operator)
 
 
@@ -85,10 +87,10 @@ def test_a_match_holds_within_the_margin_and_not_beyond_it():
 def test_a_claim_no_student_can_be_tested_on_says_so():
     results = grid({}, [0, 1])
     results = results[results["operator"] != "softmax"]          # no softmax reference
-    frame = claims_frame(results, "out")
+    frame = claims_frame(results, GRID)
     row = frame[frame["claim"] == "recipe_matches_softmax"].iloc[0]
     assert row["verdict"] == "not tested" and "softmax" in row["to_decide"]
-    assert "| **not tested** |" in claims_markdown(frame)
+    assert "| **not tested** |" in claims_markdown(frame, GRID)
 
 
 def test_a_score_that_is_not_a_number_is_left_out_not_paired():
@@ -102,7 +104,7 @@ def test_pooled_row_counts_the_students_and_averages_their_means():
     noise = {0: 0.5, 1: -0.5, 2: 0.0}
     offsets = {("gla", "distill"): {s: v - 20.0 for s, v in noise.items()},   # -10: not hold
                ("ttt", "distill"): {0: -12.0, 1: 0.0, 2: 3.0}}                 # -13..+13: spans
-    frame = claims_frame(grid(offsets, [0, 1, 2]), "out")
+    frame = claims_frame(grid(offsets, [0, 1, 2]), GRID)
     rows = frame[frame["claim"] == "distill_beats_random"]
     pooled = rows[rows["operator"].str.startswith("pooled")].iloc[0]
     assert pooled["operator"] == "pooled (3 students)" and pooled["n"] == 3
@@ -110,11 +112,11 @@ def test_pooled_row_counts_the_students_and_averages_their_means():
     means = rows[~rows["operator"].str.startswith("pooled")]["mean"]
     assert pooled["mean"] == pytest.approx(means.mean(), abs=1e-3)
     assert pooled["verdict"] == "undecided"            # +10, -10, -3: the students disagree
-    assert "students: 1 hold, 1 do not, 1 undecided" in claims_markdown(frame)
+    assert "students: 1 hold, 1 do not, 1 undecided" in claims_markdown(frame, GRID)
 
 
 def test_every_claim_is_decided_on_a_grid_that_has_its_strategies():
-    frame = claims_frame(grid({}, [0, 1]), "out")
+    frame = claims_frame(grid({}, [0, 1]), GRID)
     assert set(frame["claim"]) == {c.name for c in CLAIMS}
     # a contrast with no spread at all is decided by 2 seeds
     assert set(frame["verdict"]) <= {"holds", "does not hold"}
@@ -142,7 +144,8 @@ def test_time_to_target_takes_the_first_evaluation_at_the_target():
         + curve_rows("copy_mlp", 0, [60, 76.5, 78], 5e8) + curve_rows("copy_mlp", 1,
                                                                        [60, 70, 79], 5e8)
         + curve_rows("copy_attn", 0, [10, 40, 60]) + curve_rows("copy_attn", 1, [10, 45, 61]))
-    table = time_to_target(results, curves, {"init": ["random", "copy_attn", "copy_mlp"]}, "out")
+    table = time_to_target(results, curves,
+                           Grid([], "out", {"init": ["random", "copy_attn", "copy_mlp"]}, []))
     rows = {idx[-1]: row for idx, row in zip(table.index, table.to_dict("records"))}
     assert list(rows) == ["random", "copy_attn", "copy_mlp"]
     assert rows["random"]["reached"] == "2/2 seeds" and rows["random"]["FLOPs"] == "3.5e+09"
@@ -177,6 +180,6 @@ def test_a_random_init_already_at_the_target_is_not_a_ratio_of_zero():
                                                          "size": "s"}, "run_dir": "x",
                               "status": "ok", "metrics": {"top1": 20.0}, "config": {}}])
     curves = pd.DataFrame(curve_rows("random", 0, [20, 30]) + curve_rows("copy_mlp", 0, [10, 25]))
-    table = time_to_target(results, curves, {"init": ["random", "copy_mlp"]}, "out")
+    table = time_to_target(results, curves, Grid([], "out", {"init": ["random", "copy_mlp"]}, []))
     assert table.loc[("d", "t", "s", "linear", "copy_mlp"), "FLOPs vs random"] == \
         "random: at the target untrained"

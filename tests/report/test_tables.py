@@ -6,6 +6,7 @@ import pytest
 
 from linvit.render.tables import summarize, to_latex, to_markdown
 from linvit.report.collect import results_frame
+from linvit.report.grid import Grid
 from linvit.report.tables import format_cell, main_table
 
 
@@ -32,11 +33,11 @@ def test_tables_show_missing_and_failed_cells_and_match_known_output():
     records = [record("teacher", {"dataset": "d", "teacher": "t", "size": "s"}, 80.0),
                record("cell", cells[0], 61.5), record("cell", cells[1], 70.25),
                record("cell", cells[2], status="failed")]
-    results = results_frame(records, cells)
+    results = results_frame(records, Grid(cells, "out", {}, []))
     assert list(results["status"]) == ["ok", "ok", "ok", "failed", "missing"]
     assert results.loc[1, "config.optim.lr"] == 0.001           # every row carries its config
     orders = {"init": ["random", "copy_mlp"], "operator": ["linear", "focused", "softmax"]}
-    table = main_table(results, orders, "out")
+    table = main_table(results, Grid([], "out", orders, []))
     assert to_markdown(table) == (
         "| dataset | teacher | size | init | linear | focused | softmax |\n"
         "|---|---|---|---|---:|---:|---:|\n"
@@ -57,9 +58,9 @@ def test_by_teacher_table_puts_teachers_side_by_side():
                                       "stage": "select"}, 50.0))
     results = results_frame(records)
     orders = {"teacher": ["sup", "ssl"], "init": ["copy_mlp"], "operator": ["linear"]}
-    table = axis_table(results, orders, "teacher", "out")
+    table = axis_table(results, Grid([], "out", orders, []), "teacher")
     assert list(table.columns) == ["sup", "ssl"]
     assert table.loc[("d", "s", "linear", "copy_mlp"), "ssl"] == "60.00"
     assert table.loc[("d", "s", "linear", "copy_mlp"), "sup"].startswith("71.00")
-    main = main_table(results, orders, "out")
+    main = main_table(results, Grid([], "out", orders, []))
     assert ("d", "ssl", "s", "teacher (selected)") in main.index

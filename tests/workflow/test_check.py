@@ -100,10 +100,11 @@ def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
     cells = grid.expand_grid(config)
     counts = {name: sum(1 for n, _ in built if n == name) for name, _ in built}
     assert counts == {"PretrainConfig": len(grid.teachers(config, cells)),
-                      "DistillConfig": len(grid.distillations(cells)),
+                      "DistillConfig": len(grid.distillations(config, cells)),
                       "FinetuneConfig": len(cells) + len(dense_jobs.dense_cells(config, cells)),
                       "ScenesConfig": 1, "DenseConfig": len(dense_jobs.dense_runs(config, cells)),
-                      "BenchConfig": 1, "MapsConfig": len(grid.attention_models(config, cells)),
+                      "BenchConfig": 1,
+                      "MapsConfig": 1 + len(grid.attention_students(config, cells)),
                       "CorruptConfig": len(config["datasets"]),
                       "RobustnessConfig": len(grid.teachers(config, cells)) + len(cells)}
     seeds = {o for _, overrides in built for o in overrides if o.startswith("init.strategy=")}
@@ -119,12 +120,12 @@ def test_check_config_covers_the_paper_grid():
     config = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
     jobs = check.job_arguments(config, str(ROOT / "Snakefile"))
     cells = grid.expand_grid(config)
-    maps = grid.attention_models(config, cells)
-    assert maps[0] == grid.MAPS_TEACHER and len(maps) == 1 + len(config["operators"])
+    maps = [grid.MAPS_TEACHER, *grid.attention_students(config, cells)]
+    assert len(maps) == 1 + len(config["operators"])
     robustness = len(config["datasets"]) + len(grid.teachers(config, cells)) + len(cells)
     dense = 1 + len(dense_jobs.dense_runs(config, cells))            # scenes + the dense jobs
     assert len(jobs) == (len(grid.imports(config, cells)) + len(grid.teachers(config, cells))
-                         + len(grid.distillations(cells)) + len(cells)
+                         + len(grid.distillations(config, cells)) + len(cells)
                          + len(maps) + 1 + robustness + dense)
     assert {field for field, *_ in jobs} >= {"teachers.deit_t", "stages.finetune", "bench",
                                                  "robustness.corruptions", "robustness",

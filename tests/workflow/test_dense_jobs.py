@@ -9,10 +9,11 @@ from grid_configs import default_config
 
 def test_a_dense_job_s_key_names_its_backbone():
     cell = grid.Cell("fashion_mnist", "t", "cpu96", "linear", "copy_mlp+distill", "map.v2", 1)
-    run = dense_jobs.DenseRun("segment", "fashion_mnist", "t", "cpu96", cell, 1)
+    model = grid.Model("fashion_mnist", "t", "cpu96")
+    run = dense_jobs.DenseRun("segment", model, cell, 1)
     assert run.backbone == "linear.copy_mlp+distill.map.v2.seed1"
     assert run.key() == {**cell.as_dict(), "task": "segment"}
-    teacher = dense_jobs.DenseRun("segment", "fashion_mnist", "t", "cpu96", None, 3)
+    teacher = dense_jobs.DenseRun("segment", model, None, 3)
     assert teacher.backbone == "teacher.seed3"
     assert teacher.key() == {"task": "segment", "dataset": "fashion_mnist", "teacher": "t",
                              "size": "cpu96", "operator": "softmax", "init": "teacher",
@@ -53,7 +54,7 @@ def test_dense_seeds_beyond_the_grid_s_add_backbone_cells_for_the_dense_sub_grid
         ("linear", init, 1) for init in config["dense"]["strategies"]}
     assert not set(extra) & set(cells)
     jobs = plan(config)
-    assert {grid.Cell(**j.key) for j in jobs.of("cell")} == set(cells) | set(extra)
+    assert {grid.Cell.of(j.key) for j in jobs.of("cell")} == set(cells) | set(extra)
     assert jobs.cells == cells                           # the tables' cells: the grid's alone
     backbones = {j.wildcards["backbone"] for j in jobs.of("dense") if j.key["task"] == "segment"}
     label = "{0.operator}.{0.init}.{0.loss}.seed{0.seed}".format

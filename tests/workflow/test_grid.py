@@ -24,9 +24,9 @@ def test_default_grid_decides_every_claim_on_two_operator_families_with_seeds():
     assert {c.init for c in main} == set(config["strategies"])
     assert len(main) == len(config["strategies"]) * len(config["operators"]) * len(config["seeds"])
     assert any(c.operator == "softmax" for c in cells)
-    assert grid.teachers(config, cells) == [("fashion_mnist", "pretrain", "cpu96")]
+    assert grid.teachers(config, cells) == [grid.Model("fashion_mnist", "pretrain", "cpu96")]
     # one distillation per (operator, loss design), shared by every cell that needs it
-    assert len(grid.distillations(cells)) == len(config["operators"]) + 2
+    assert len(grid.distillations(config, cells)) == len(config["operators"]) + 2
 
 
 def test_loss_is_none_exactly_for_strategies_without_distillation():
@@ -82,9 +82,9 @@ def test_teacher_axis_makes_selects_and_probes_each_teacher(tmp_path, monkeypatc
     assert {c.size for c in cells} == {"cpu96"}
     # the wide teacher is made at its own size, then cut down for its cpu96 students
     models = grid.teachers(config, cells)
-    assert models.index(("fashion_mnist", "wide", "cpu192")) < \
-        models.index(("fashion_mnist", "wide", "cpu96"))
-    stages = {(t, s): grid.teacher_stage(config, t, s) for _, t, s in models}
+    assert models.index(grid.Model("fashion_mnist", "wide", "cpu192")) < \
+        models.index(grid.Model("fashion_mnist", "wide", "cpu96"))
+    stages = {(t, s): grid.teacher_stage(config, t, s) for _, t, s, _ in models}
     assert stages == {("pretrain", "cpu96"): "pretrain", ("wide", "cpu192"): "pretrain",
                       ("wide", "cpu96"): "select", ("deit", "cpu96"): "probe"}
     assert grid.imports(config, cells) == [("fashion_mnist", "deit", "cpu96")]

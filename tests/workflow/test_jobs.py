@@ -104,7 +104,7 @@ def test_the_record_key_is_the_jobs_key_and_a_cell_s_key_is_its_cell():
     config = default_config()
     jobs = plan(config)
     cells = jobs.of("cell")
-    assert [grid.Cell(**j.key) for j in cells] == grid.expand_grid(config)
+    assert [grid.Cell.of(j.key) for j in cells] == grid.expand_grid(config)
     scored = jobs.of("robustness_teacher", "robustness_cell")
     assert [j.key for j in scored if j.kind.name == "robustness_cell"] == [j.key for j in cells]
     assert all(set(j.key) == set(cells[0].key) for j in scored)       # teachers: complete keys

@@ -61,6 +61,7 @@ wildcard_constraints:
     seed=r"\d+",
     model="[^/]+",
     backbone="[^/]+",
+    **PLAN.constraints(),   # each config axis (linvit.workflow.axes): one folder level
 
 
 def code(stage, operators=(), losses=(), datasets=()):
@@ -70,8 +71,9 @@ def code(stage, operators=(), losses=(), datasets=()):
 
 
 def pattern(kind, part="output"):
-    """A job kind's output, log or benchmark pattern (linvit.workflow.jobs.KINDS)."""
-    return KINDS[kind].pattern(RESULTS, part)
+    """A job kind's output, log or benchmark pattern (linvit.workflow.jobs.KINDS, with the
+    grid's config axes)."""
+    return PLAN.pattern(kind, part)
 
 
 def job_inputs(kind):

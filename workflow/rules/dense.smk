@@ -40,6 +40,7 @@ rule dense_job:
 
 rule dense_collect:
     input:
+        grid=OUT.grid,
         records=[j.output for j in PLAN.of("dense")],
         code=code("collect"),
     output:
@@ -49,7 +50,8 @@ rule dense_collect:
     params:
         out=OUT.at("dense"),
     shell:
-        "{REPORT} collect --out {params.out:q} {input.records:q} > {log:q} 2>&1"
+        "{REPORT} collect --grid {input.grid:q} --key-only --out {params.out:q}"
+        " {input.records:q} > {log:q} 2>&1"
 
 
 rule dense:

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from linvit.errors import ResultsError
 from linvit.render.tables import t95
+from linvit.report.grid import Grid
 
 SOFTMAX = "softmax"          # the softmax reference fine-tuned like the students (copy_all)
 MAX_SEEDS = 100              # beyond this an estimate says "more than"
@@ -126,24 +128,29 @@ def estimate(values: list[float], threshold: float, unit: str = "seeds") -> Esti
                     seeds_to_decide(mean, sd, threshold, n, unit))
 
 
-STUDENT = ["dataset", "teacher", "size", "operator"]
-
-
-def seed_values(results: pd.DataFrame, main_loss: str) -> dict[tuple, dict[int, dict]]:
-    """(dataset, teacher, size, operator) -> seed -> init strategy -> top-1 of the jobs with
-    status ok; SOFTMAX holds the softmax reference's copy_all of the same seed."""
-    ok = results[(results["kind"] == "cell") & (results["status"] == "ok")
-                 & results["loss"].isin([main_loss, "none"])]
+def seed_values(results: pd.DataFrame, grid: Grid) -> dict[tuple, dict[int, dict]]:
+    """Each student (grid.student: dataset, teacher, size, the varying config axes, operator)
+    -> seed -> init strategy -> top-1 of the main grid's jobs with status ok; SOFTMAX holds the
+    softmax reference's copy_all of the same seed. One value per student, seed and strategy: a
+    second is an error naming both jobs, never a replacement."""
+    student = grid.student
+    ok = grid.main(grid.complete(results))
+    ok = ok[ok["status"] == "ok"]
     out: dict[tuple, dict[int, dict]] = {}
-    for row in ok.itertuples(index=False):
-        if not math.isfinite(float(row.top1)):         # no score: not a value to pair
+    where: dict[tuple, str] = {}
+    for row in ok.to_dict("records"):
+        if not math.isfinite(float(row["top1"])):         # no score: not a value to pair
             continue
-        key = tuple(getattr(row, k) for k in STUDENT)
-        out.setdefault(key, {}).setdefault(int(row.seed), {})[row.init] = float(row.top1)
-    for (*group, op), seeds in list(out.items()):
-        if op == SOFTMAX:
+        key, seed, init = tuple(row[k] for k in student), int(row["seed"]), row["init"]
+        if (key, seed, init) in where:
+            raise ResultsError(f"two results for {dict(zip(student, key))}, {init}, seed "
+                               f"{seed}: {where[key, seed, init]} and {row['run_dir']}")
+        where[key, seed, init] = row.get("run_dir")
+        out.setdefault(key, {}).setdefault(seed, {})[init] = float(row["top1"])
+    for key, seeds in list(out.items()):
+        if key[-1] == SOFTMAX:
             continue
-        ref = out.get((*group, SOFTMAX), {})
+        ref = out.get((*key[:-1], SOFTMAX), {})
         for seed, row in seeds.items():
             if "copy_all" in ref.get(seed, {}):
                 row[SOFTMAX] = ref[seed]["copy_all"]
@@ -165,7 +172,7 @@ def pooled(claim: Claim, estimates: list[Estimate]) -> Estimate:
 class Verdict:
     """One row of the verdict table: a claim on one student (per_seed given) or pooled."""
     claim: Claim
-    where: dict                          # STUDENT -> value; pooled rows name only "operator"
+    where: dict                          # grid.student -> value; pooled rows only "operator"
     estimate: Estimate
     per_seed: dict                       # seed -> contrast; empty for a pooled row
     counts: dict                         # pooled rows: verdict -> number of students
@@ -175,17 +182,17 @@ class Verdict:
         return not self.per_seed
 
 
-def verdicts(results: pd.DataFrame, main_loss: str) -> list[Verdict]:
+def verdicts(results: pd.DataFrame, grid: Grid) -> list[Verdict]:
     """Each claim on each student that has its strategies, then the claim pooled."""
     out = []
-    students = seed_values(results, main_loss)
+    students = seed_values(results, grid)
     for claim in CLAIMS:
         found = []
         for key, seeds in students.items():
             per_seed = contrasts(claim, seeds)
             if per_seed:
                 found.append(estimate(list(per_seed.values()), claim.threshold))
-                out.append(Verdict(claim, dict(zip(STUDENT, key)), found[-1], per_seed, {}))
+                out.append(Verdict(claim, dict(zip(grid.student, key)), found[-1], per_seed, {}))
         if found:
             counts = {v: sum(x.verdict == v for x in found)
                       for v in ("holds", "does not hold", "undecided")}
@@ -199,15 +206,15 @@ def untested(found: list[Verdict]) -> list[Claim]:
     return [c for c in CLAIMS if not any(v.claim is c for v in found)]
 
 
-def claims_frame(results: pd.DataFrame, main_loss: str) -> pd.DataFrame:
+def claims_frame(results: pd.DataFrame, grid: Grid) -> pd.DataFrame:
     """The verdicts as a table (tables/claims.*), then a row per claim that was not tested."""
-    rows = []
-    found = verdicts(results, main_loss)
+    rows, student = [], grid.student
+    found = verdicts(results, grid)
     for v in found:
         low, high = v.estimate.interval or (None, None)
         rows.append({"claim": v.claim.name,
                      "contrast": f"{v.claim.contrast} > {v.claim.threshold:g}",
-                     **{k: v.where.get(k, "") for k in STUDENT}, "n": len(v.estimate.values),
+                     **{k: v.where.get(k, "") for k in student}, "n": len(v.estimate.values),
                      "per_seed": ", ".join(f"{s}: {x:+.2f}" for s, x in v.per_seed.items()),
                      "mean": round(v.estimate.mean, 4),
                      "ci_low": None if low is None else round(low, 4),
@@ -217,11 +224,11 @@ def claims_frame(results: pd.DataFrame, main_loss: str) -> pd.DataFrame:
                         for k in ("holds", "does not hold", "undecided")}})
     for claim in untested(found):
         rows.append({"claim": claim.name, "contrast": f"{claim.contrast} > {claim.threshold:g}",
-                     **{k: "" for k in STUDENT}, "n": 0, "per_seed": "", "mean": None,
+                     **{k: "" for k in student}, "n": 0, "per_seed": "", "mean": None,
                      "ci_low": None, "ci_high": None, "verdict": "not tested",
                      "to_decide": "needs " + ", ".join(claim.needs) + " on one student: not "
                                   "in this grid, or failed"})
-    frame = pd.DataFrame(rows, columns=["claim", "contrast", *STUDENT, "n", "per_seed", "mean",
+    frame = pd.DataFrame(rows, columns=["claim", "contrast", *student, "n", "per_seed", "mean",
                                         "ci_low", "ci_high", "verdict", "to_decide", "holds",
                                         "does_not_hold", "undecided"])
     for col in ("holds", "does_not_hold", "undecided"):
@@ -229,14 +236,14 @@ def claims_frame(results: pd.DataFrame, main_loss: str) -> pd.DataFrame:
     return frame
 
 
-def _where(row) -> str:
-    return " / ".join(str(row[k]) for k in ("dataset", "teacher", "size") if row[k] != "")
+def _where(row, grid: Grid) -> str:
+    return " / ".join(str(row[k]) for k in grid.group if row[k] != "")
 
 
-def claims_markdown(frame: pd.DataFrame) -> str:
+def claims_markdown(frame: pd.DataFrame, grid: Grid) -> str:
     """The report's verdict table: a block of rows per claim, its pooled row last."""
     texts = {c.name: c.text for c in CLAIMS}
-    lines = ["| claim | contrast | dataset / teacher / size | operator | n | "
+    lines = [f"| claim | contrast | {' / '.join(grid.group)} | operator | n | "
              "mean ± 95% CI (per seed) | verdict | seeds to decide |",
              "|---|---|---|---|---:|---|---|---|"]
     for row in frame.to_dict("records"):
@@ -248,7 +255,7 @@ def claims_markdown(frame: pd.DataFrame) -> str:
         elif row["operator"]:
             verdict += (f"; students: {int(row['holds'])} hold, "
                         f"{int(row['does_not_hold'])} do not, {int(row['undecided'])} undecided")
-        lines.append(f"| {texts[row['claim']]} | {row['contrast']} | {_where(row)} | "
+        lines.append(f"| {texts[row['claim']]} | {row['contrast']} | {_where(row, grid)} | "
                      f"{row['operator']} | {row['n']} | {value} | {verdict} | "
                      f"{row['to_decide']} |")
     return "\n".join(lines) + "\n"

@@ -30,7 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--log")
     r.add_argument("--out", required=True)
     c = sub.add_parser("collect")
-    c.add_argument("--grid", help="grid.json: its cells without a record appear as missing")
+    c.add_argument("--grid", help="grid.json: its key columns; its cells without a record appear "
+                   "as missing")
+    c.add_argument("--key-only", action="store_true",
+                   help="take only the key from --grid (a sub-grid's records: the dense tasks)")
     c.add_argument("--out", required=True)
     c.add_argument("records", nargs="*")
     t = sub.add_parser("tables")
@@ -79,9 +82,16 @@ COMMANDS = {"record": "linvit.report.record", "collect": "linvit.report.collect"
 
 def main(argv=None) -> int:
     import importlib
+    import sys
+
+    from linvit.errors import LinvitError
 
     args = build_parser().parse_args(argv)
-    importlib.import_module(COMMANDS[args.step]).run_step(args)
+    try:
+        importlib.import_module(COMMANDS[args.step]).run_step(args)
+    except LinvitError as e:             # result files it cannot use: one line, exit 2
+        print(f"linvit report {args.step}: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

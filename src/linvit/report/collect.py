@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from linvit.errors import ResultsError
 from linvit.io import read_jsonl
+from linvit.report.grid import KEY, Grid
 from linvit.trees import flatten
 
-KEY = ["kind", "task", "dataset", "teacher", "size", "operator", "init", "loss", "seed"]
-GROUP = ["dataset", "teacher", "size"]           # the key of one teacher model and its cells
 METRICS = ["top1", "top5", "loss", "train_time_s", "epochs", "params", "eval_img_per_s",
            "train_img_per_s", "mIoU", "aAcc", "box_AP", "mask_AP", "step_s"]
 
@@ -29,7 +29,24 @@ def _key(record: dict) -> dict:
     return {"kind": record["kind"], **record["key"]}
 
 
-def results_frame(records: list[dict], grid: list[dict] | None = None) -> pd.DataFrame:
+def unique_keys(records: list[dict], key: list[str], what: str = "records") -> dict[tuple, dict]:
+    """key values -> record, each key once: two records with one key are an error naming both
+    (one would silently replace the other in every table)."""
+    seen: dict[tuple, dict] = {}
+    for r in records:
+        values = tuple(_key(r).get(k) for k in key)
+        if values in seen:
+            raise ResultsError(f"two {what} with one key {dict(zip(key, values))}: "
+                             f"{seen[values]['run_dir']} and {r['run_dir']}")
+        seen[values] = r
+    return seen
+
+
+def results_frame(records: list[dict], grid: Grid | None = None,
+                  expected: bool = True) -> pd.DataFrame:
+    """One row per record; with `grid`, its key columns and (`expected`) a "missing" row per
+    grid cell without a record."""
+    key = _key_columns(grid)
     rows = []
     for r in records:
         row = {**_key(r), "status": r["status"], "error": r.get("error", ""),
@@ -39,16 +56,17 @@ def results_frame(records: list[dict], grid: list[dict] | None = None) -> pd.Dat
         row["init_top1"] = (m.get("init") or {}).get("top1")
         row.update(_flat(r.get("config", {}), "config."))
         rows.append(row)
-    seen = {tuple(_key(r).get(k) for k in KEY) for r in records}
-    for cell in grid or []:
-        key = {"kind": "cell", **cell}
-        if tuple(key.get(k) for k in KEY) not in seen:
-            rows.append({**key, "status": "missing", "error": "no record: the job has not run"})
+    seen = unique_keys(records, key)
+    for cell in grid.cells if grid is not None and expected else []:
+        expected = {"kind": "cell", **cell}
+        if tuple(expected.get(k) for k in key) not in seen:
+            rows.append({**expected, "status": "missing",
+                         "error": "no record: the job has not run"})
     frame = _integers_stay_integers(pd.DataFrame(rows), rows)
-    for col in KEY + ["status"]:
+    for col in key + ["status"]:
         if col not in frame:
             frame[col] = None
-    return frame[KEY + [c for c in frame.columns if c not in KEY]]
+    return frame[key + [c for c in frame.columns if c not in key]]
 
 
 def _integers_stay_integers(frame: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
@@ -72,19 +90,22 @@ def _cost(record: dict) -> tuple[float, float, float]:
     return images, images * (m.get("train_flops_per_image") or 0.0), m["train_time_s"]
 
 
-def curves_frame(records: list[dict]) -> pd.DataFrame:
+def curves_frame(records: list[dict], grid: Grid | None = None) -> pd.DataFrame:
     """Test accuracy against the student's training cost, per job: the init point, then each
     evaluated epoch, in images seen, FLOPs (linvit.models.flops) and seconds. A student built
-    from a distilled model starts at its distillation's whole cost."""
-    job = ("dataset", "teacher", "size", "operator", "loss")          # a distillation's key
-    distill_cost = {tuple(r["key"].get(k) for k in job): _cost(r)
-                    for r in records if r["kind"] == "distill" and r["status"] == "ok"}
+    from a distilled model starts at its distillation's whole cost (its distillation: the one
+    whose key the cell's key holds)."""
+    distills = [r for r in records if r["kind"] == "distill"]
+    unique_keys(distills, sorted({k for r in distills for k in r["key"]}), "distillations")
+    distill_cost = {tuple(sorted(r["key"].items())): _cost(r)
+                    for r in distills if r["status"] == "ok"}
     rows = []
     for r in records:
         if r["status"] != "ok" or r["kind"] in ("distill", "dense"):
             continue
-        k = r["key"]
-        images, flops, seconds = distill_cost.get(tuple(k.get(name) for name in job), (0, 0, 0))
+        images, flops, seconds = next(
+            (cost for key, cost in distill_cost.items()
+             if all(r["key"].get(name) == value for name, value in key)), (0, 0, 0))
         per_image = r["metrics"].get("train_flops_per_image") or float("nan")
         base = {**_key(r)}
         init = r["metrics"].get("init")
@@ -99,10 +120,10 @@ def curves_frame(records: list[dict]) -> pd.DataFrame:
             if "test_top1" in epoch:
                 rows.append({**base, "epoch": epoch["epoch"], "images": images, "flops": flops,
                              "compute_s": seconds, "test_top1": epoch["test_top1"]})
-    return pd.DataFrame(rows, columns=KEY + CURVE)
+    return pd.DataFrame(rows, columns=_key_columns(grid) + CURVE)
 
 
-def distill_frame(records: list[dict]) -> pd.DataFrame:
+def distill_frame(records: list[dict], grid: Grid | None = None) -> pd.DataFrame:
     """Teacher-forced per-layer quantities of each distillation (tf_<name>/L<layer>)."""
     rows = []
     for r in records:
@@ -112,16 +133,22 @@ def distill_frame(records: list[dict]) -> pd.DataFrame:
             if name.startswith("tf_") and "/L" in name:
                 metric, layer = name[3:].rsplit("/L", 1)
                 rows.append({**_key(r), "metric": metric, "layer": int(layer), "value": value})
-    return pd.DataFrame(rows, columns=KEY + ["metric", "layer", "value"])
+    return pd.DataFrame(rows, columns=_key_columns(grid) + ["metric", "layer", "value"])
 
 
-def collect(records: list[dict], grid: list[dict], out_dir: str | Path) -> dict[str, Path]:
+def _key_columns(grid: Grid | None) -> list[str]:
+    return grid.key if grid is not None else KEY
+
+
+def collect(records: list[dict], grid: Grid | None, out_dir: str | Path,
+            expected: bool = True) -> dict[str, Path]:
     from linvit.io import write_text
     from linvit.report.paths import COLLECTED
 
     out_dir = Path(out_dir)
-    frames = dict(zip(COLLECTED, (results_frame(records, grid), curves_frame(records),
-                                  distill_frame(records)), strict=True))
+    frames = dict(zip(COLLECTED, (results_frame(records, grid, expected),
+                                  curves_frame(records, grid), distill_frame(records, grid)),
+                      strict=True))
     paths = {}
     for name, frame in frames.items():
         paths[name] = out_dir / f"{name}.csv"
@@ -130,7 +157,8 @@ def collect(records: list[dict], grid: list[dict], out_dir: str | Path) -> dict[
 
 
 def run_step(a) -> None:
-    from linvit.report.files import read_grid
+    from linvit.report.grid import read_grid
     from linvit.report.record import read_records
 
-    collect(read_records(a.records), read_grid(a.grid)["cells"] if a.grid else [], a.out)
+    collect(read_records(a.records), read_grid(a.grid) if a.grid else None, a.out,
+            expected=not a.key_only)

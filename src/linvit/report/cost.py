@@ -16,11 +16,10 @@ from __future__ import annotations
 import pandas as pd
 
 from linvit.render.tables import rank
-from linvit.report.collect import GROUP
+from linvit.report.grid import Grid
 
 TARGET = 0.95                # of the teacher's test top-1
 BASELINE = "random"
-STUDENT = GROUP + ["operator"]
 METHOD = (
     "Each student's training cost is counted in images seen and in FLOPs (matrix products of "
     "the model, each operator's core from its `core_flops`, a training step as 3 forwards; "
@@ -35,10 +34,10 @@ COLUMNS = ["target", "reached", "images", "FLOPs", "seconds", "best top-1", "FLO
            "last gain"]
 
 
-def teacher_top1(results: pd.DataFrame) -> dict[tuple, float]:
+def teacher_top1(results: pd.DataFrame, group: list[str]) -> dict[tuple, float]:
     teachers = results[(results["kind"] == "teacher") & (results["status"] == "ok")]
-    return {key: float(group["top1"].mean())
-            for key, group in teachers.groupby(GROUP, dropna=False)}
+    return {key: float(rows["top1"].mean())
+            for key, rows in teachers.groupby(group, dropna=False)}
 
 
 def first_reached(run: pd.DataFrame, target: float) -> pd.Series | None:
@@ -78,28 +77,29 @@ def last_gain(runs: list[pd.DataFrame]) -> str:
     return f"{gain:+.2f} (epochs {', '.join(f'{a}-{b}' for a, b in spans)})"
 
 
-def time_to_target(results: pd.DataFrame, curves: pd.DataFrame, orders: dict,
-                   main_loss: str) -> pd.DataFrame:
-    """Rows: student x init strategy of the main loss; columns: COLUMNS."""
-    targets = teacher_top1(results)
-    main = results[(results["kind"] == "cell") & results["loss"].isin([main_loss, "none"])]
-    grid = main.groupby(STUDENT + ["init"], dropna=False).size()      # seeds, with failed ones
-    cells = curves[(curves["kind"] == "cell") & curves["loss"].isin([main_loss, "none"])
-                   & (curves["operator"] != "softmax")]
+def time_to_target(results: pd.DataFrame, curves: pd.DataFrame, grid: Grid) -> pd.DataFrame:
+    """Rows: student (grid.student) x init strategy of the main loss; columns: COLUMNS."""
+    results, curves = grid.complete(results), grid.complete(curves)
+    student, group = grid.student, grid.group
+    targets = teacher_top1(results, group)
+    main = grid.main(results)
+    jobs = main.groupby(student + ["init"], dropna=False).size()    # seeds, with failed ones
+    cells = grid.main(curves)
+    cells = cells[cells["operator"] != "softmax"]
     rows, index = [], []
-    for key, part in cells.groupby(STUDENT, sort=False, dropna=False):
-        teacher = targets.get(tuple(key[:len(GROUP)]))
+    for key, part in cells.groupby(student, sort=False, dropna=False):
+        teacher = targets.get(tuple(key[:len(group)]))
         if teacher is None:
             continue
         target = TARGET * teacher
-        costs = {init: strategy_cost(runs, target, int(grid.get((*key, init), 0)))
+        costs = {init: strategy_cost(runs, target, int(jobs.get((*key, init), 0)))
                  for init, runs in part.groupby("init", sort=False)}
         base = costs.get(BASELINE)
-        for init in sorted(costs, key=lambda i: rank(orders.get("init"), i)):
+        for init in sorted(costs, key=lambda i: rank(grid.orders.get("init"), i)):
             index.append((*key, init))
             rows.append(_row(costs[init], base, target, init == BASELINE))
     return pd.DataFrame(rows, columns=COLUMNS, index=pd.MultiIndex.from_tuples(
-        index, names=STUDENT + ["init"]))
+        index, names=student + ["init"]))
 
 
 def _row(cost: dict, base: dict | None, target: float, is_base: bool) -> list:

@@ -22,6 +22,7 @@ from linvit.render.tables import (
     to_markdown,
     write_table,
 )
+from linvit.report.grid import Grid
 
 CAPTION = "Dense tasks: each task's headline metrics (%) by backbone"
 REFERENCE = "random"
@@ -31,21 +32,22 @@ GAP_CAPTION = ("Dense tasks: gain of each student and of the softmax teacher ove
                "student's is also its backbone's): mean ± 95% CI, then each seed's gain")
 
 
-def dense_table(results: pd.DataFrame, orders: dict, columns: list) -> pd.DataFrame:
-    dense = results[results["kind"] == "dense"]
+def dense_table(results: pd.DataFrame, grid: Grid, columns: list) -> pd.DataFrame:
+    dense = grid.complete(results[results["kind"] == "dense"])
     rows, index = [], []
+    orders, group = grid.orders, grid.group
     order = {"init": [TEACHER] + orders.get("init", []), "operator": orders.get("operator", [])}
-    names = ["dataset", "teacher", "size", "operator", "init"]
+    names = [*group, "operator", "init"]
     keys = sorted({tuple(k) for k in dense[names].itertuples(index=False)},
-                  key=lambda k: (*(rank(orders.get(n), v) for n, v in zip(names[:3], k)),
-                                 rank(order["init"], k[4]), rank(order["operator"], k[3])))
+                  key=lambda k: (*(rank(orders.get(n), v) for n, v in zip(group, k)),
+                                 rank(order["init"], k[-1]), rank(order["operator"], k[-2])))
     for key in keys:
-        part, (*group, op, init) = rows_where(dense, names, key), key
+        part, (*where, op, init) = rows_where(dense, names, key), key
         rows.append([cell_text(part[part["task"] == task], metric, count_seeds=False)
                      for task, metric in columns])
-        index.append((*group, "softmax teacher" if init == TEACHER else f"{op} {init}"))
+        index.append((*where, "softmax teacher" if init == TEACHER else f"{op} {init}"))
     return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in columns],
-                        index=pd.MultiIndex.from_tuples(index, names=[*names[:3], "backbone"]))
+                        index=pd.MultiIndex.from_tuples(index, names=[*group, "backbone"]))
 
 
 def gap_text(gains: pd.Series) -> str:
@@ -56,18 +58,19 @@ def gap_text(gains: pd.Series) -> str:
     return f"{mean_ci(gains.tolist(), signed=True)} ({seeds})"
 
 
-def dense_gaps(results: pd.DataFrame, orders: dict, columns: list) -> pd.DataFrame:
+def dense_gaps(results: pd.DataFrame, grid: Grid, columns: list) -> pd.DataFrame:
     """Each strategy, and the softmax teacher, minus the random-init student, per operator, task
     metric and seed (only seeds where both jobs are ok count; a teacher's seeds are its heads').
     Empty when no random-init student ran."""
-    ok = results[(results["kind"] == "dense") & (results["status"] == "ok")]
-    names = ["dataset", "teacher", "size", "operator"]
+    ok = grid.complete(results[(results["kind"] == "dense") & (results["status"] == "ok")])
+    orders, group = grid.orders, grid.group
+    names = [*group, "operator"]
     teachers = ok[ok["init"] == TEACHER]
     rows, index = [], []
     for key, part in ok[ok["init"] != TEACHER].groupby(names, sort=False):
         if REFERENCE not in set(part["init"]):
             continue
-        part = pd.concat([part, rows_where(teachers, names[:3], key[:3])])
+        part = pd.concat([part, rows_where(teachers, group, key[:len(group)])])
         others = [i for i in orders.get("init", []) if i != REFERENCE and i in set(part["init"])]
         for init in others + ([TEACHER] if TEACHER in set(part["init"]) else []):
             row = []
@@ -80,7 +83,8 @@ def dense_gaps(results: pd.DataFrame, orders: dict, columns: list) -> pd.DataFra
             index.append((*key, f"{'softmax teacher' if init == TEACHER else init} - {REFERENCE}"))
     return pd.DataFrame(rows, columns=[m.replace("_", " ") for _, m in columns],
                         index=pd.MultiIndex.from_tuples(index, names=[*names, "gain"])
-                        if index else pd.MultiIndex.from_arrays([[]] * 5, names=[*names, "gain"]))
+                        if index else pd.MultiIndex.from_arrays([[]] * (len(names) + 1),
+                                                                names=[*names, "gain"]))
 
 
 def dense_figure(table: pd.DataFrame, out: Path) -> None:
@@ -96,13 +100,14 @@ def dense_figure(table: pd.DataFrame, out: Path) -> None:
     save(fig, out)
 
 
-def write_dense(results: pd.DataFrame, orders: dict, tables_dir: Path, figures_dir: Path,
-                out: Path, columns: list) -> None:
-    """columns: (task, metric) pairs, grid.json's dense_columns."""
-    table = dense_table(results, orders, columns)
+def write_dense(results: pd.DataFrame, grid: Grid, tables_dir: Path, figures_dir: Path,
+                out: Path) -> None:
+    """The table's columns: (task, metric) pairs, grid.json's dense_columns."""
+    columns = [tuple(c) for c in grid.dense_columns]
+    table = dense_table(results, grid, columns)
     write_table(table, Path(tables_dir) / "dense", CAPTION)
     dense_figure(table, Path(figures_dir) / "dense")
-    gaps = dense_gaps(results, orders, columns)
+    gaps = dense_gaps(results, grid, columns)
     steps = results[(results["kind"] == "dense") & (results["status"] == "ok")]
     lines = ["## Dense tasks\n", CAPTION + ".\n", to_markdown(table)]
     write_table(gaps, Path(tables_dir) / "dense_gaps", GAP_CAPTION)
@@ -117,8 +122,8 @@ def write_dense(results: pd.DataFrame, orders: dict, tables_dir: Path, figures_d
 
 
 def run_step(a) -> None:
-    from linvit.report.files import read_csv, read_grid
+    from linvit.report.files import read_csv
+    from linvit.report.grid import read_grid
 
     grid = read_grid(a.grid)
-    write_dense(read_csv(a.results), grid["orders"], Path(a.tables), Path(a.figures),
-                Path(a.out), [tuple(c) for c in grid.get("dense_columns", [])])
+    write_dense(read_csv(a.results, grid), grid, Path(a.tables), Path(a.figures), Path(a.out))

@@ -18,6 +18,14 @@ from linvit.report.claims import METHOD
 SECTIONS = {"main": "Main table", "loss_design": "Loss design", "by_dataset": "By dataset",
             "by_teacher": "By teacher", "by_size": "By model size"}
 
+
+def section_title(name: str) -> str | None:
+    """A table's section heading in report.md (a config axis's by_<axis>: "By <axis>")."""
+    if name in SECTIONS:
+        return SECTIONS[name]
+    return f"By {name.removeprefix('by_')}" if name.startswith("by_") else None
+
+
 def bench_section(record: dict, rel) -> list[str]:
     """The operator benchmark's ratio table and figures, or why there are none."""
     parts = ["## Operator benchmark (`linvit bench`)\n"]
@@ -54,7 +62,7 @@ def cost_section(tables_dir: Path, rel) -> list[str]:
 def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], out: Path,
                  tables: list[str], title: str = "linvit ablation report",
                  bench: dict | None = None, robustness: Path | None = None,
-                 dense: Path | None = None) -> None:
+                 dense: Path | None = None, axes=()) -> None:
     out = Path(out)
     rel = lambda p: os.path.relpath(p, out.parent)  # noqa: E731
     counts = results[results["kind"] == "cell"]["status"].value_counts().to_dict()
@@ -64,8 +72,10 @@ def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], o
              "on each dataset's test split, mean ± 95% CI over seeds (a single seed shows the "
              "value alone).\n"]
     tables_dir = Path(tables_dir)
-    for name in [n for n in SECTIONS if n in tables]:       # the grid's tables, in this order
-        parts += [f"## {SECTIONS[name]}\n", (tables_dir / f"{name}.md").read_text(),
+    shown = [n for n in SECTIONS if n in tables] + [n for n in tables if n not in SECTIONS
+                                                    and section_title(n)]
+    for name in shown:                   # the grid's tables: main, loss design, then by axis
+        parts += [f"## {section_title(name)}\n", (tables_dir / f"{name}.md").read_text(),
                   f"CSV and LaTeX: `{rel(tables_dir / name)}.csv`, `.tex`\n"]
     if "claims" in tables:
         parts += claims_section(tables_dir, figures, rel)
@@ -81,24 +91,28 @@ def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], o
     failed = results[results["status"].isin(["failed", "missing"])]
     if len(failed):
         parts.append("## Failed or missing jobs\n")
-        parts += [f"- {job_name(r)}: {r.status}: {r.error}" for r in failed.itertuples()]
+        parts += [f"- {job_name(r, axes)}: {r['status']}: {r['error']}"
+                  for r in failed.to_dict("records")]
     write_text(out, "\n".join(parts) + "\n")
 
 
-def job_name(row) -> str:
-    """kind dataset/teacher/size/operator/init/loss/seedN, leaving out what the job has not (a
-    teacher has no operator, init, loss or seed of its own)."""
-    parts = [str(v) for v in (row.dataset, row.teacher, row.size, row.operator, row.init,
-                              row.loss) if not pd.isna(v)]
-    seed = [] if pd.isna(row.seed) else [f"seed{int(row.seed)}"]
-    return f"{row.kind} " + "/".join(parts + seed)
+def job_name(row: dict, axes=()) -> str:
+    """kind dataset/teacher/size/operator/init/loss/<axis>=<value>/seedN, leaving out what the
+    job has not (a teacher has no operator, init, loss or seed of its own)."""
+    parts = [str(row[k]) for k in ("dataset", "teacher", "size", "operator", "init", "loss")
+             if not pd.isna(row.get(k))]
+    parts += [f"{a}={row[a]}" for a in axes if not pd.isna(row.get(a))]
+    seed = [] if pd.isna(row.get("seed")) else [f"seed{int(row['seed'])}"]
+    return f"{row['kind']} " + "/".join(parts + seed)
 
 
 def run_step(a) -> None:
-    from linvit.report.files import read_csv, read_grid
+    from linvit.report.files import read_csv
+    from linvit.report.grid import read_grid
 
     bench = json.loads(Path(a.bench_record).read_text()) if a.bench_record else None
-    write_report(read_csv(a.results), Path(a.tables), [Path(f) for f in a.figures], Path(a.out),
-                 read_grid(a.grid)["tables"], bench=bench,
+    grid = read_grid(a.grid)
+    write_report(read_csv(a.results, grid), Path(a.tables), [Path(f) for f in a.figures],
+                 Path(a.out), grid.tables, bench=bench, axes=grid.axis_names,
                  robustness=Path(a.robustness_section) if a.robustness_section else None,
                  dense=Path(a.dense_section) if a.dense_section else None)

@@ -15,26 +15,32 @@ import pandas as pd
 
 from linvit.render.plotting import new_figure, save
 from linvit.render.tables import rows_where, summarize
-from linvit.report.collect import GROUP  # one teacher model: one panel
+from linvit.report.grid import Grid
 
 
 def _ok(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"] == "ok"] if "status" in frame else frame
 
 
-def _panels(frame: pd.DataFrame) -> list[tuple]:
-    return list(dict.fromkeys(zip(*(frame[k] for k in GROUP))))
+def _panels(frame: pd.DataFrame, group: list[str]) -> list[tuple]:
+    return list(dict.fromkeys(zip(*(frame[k] for k in group))))
 
 
+def _title(names: list[str], values, builtin: int = 3) -> str:
+    """"dataset / teacher / size" and then "axis=value" for each config axis of the group."""
+    parts = [str(v) for v in values[:builtin] if not pd.isna(v)]
+    return " / ".join(parts + [f"{n}={v}" for n, v in zip(names[builtin:], values[builtin:])])
 
-def accuracy_by_init(results: pd.DataFrame, orders: dict, main_loss: str, out: Path) -> None:
-    cells = _ok(results[(results["kind"] == "cell") & results["loss"].isin([main_loss, "none"])])
-    panels = _panels(cells)
+
+def accuracy_by_init(results: pd.DataFrame, grid: Grid, out: Path) -> None:
+    results, group = grid.complete(results), grid.group
+    cells = _ok(grid.main(results))
+    panels = _panels(cells, group)
     fig, axes = new_figure(len(panels), width=7.5)
     for ax, panel in zip(axes, panels):
-        part = rows_where(cells, GROUP, panel)
-        inits = [i for i in orders["init"] if i in set(part["init"])]
-        ops = [o for o in orders["operator"] if o in set(part["operator"])]
+        part = rows_where(cells, group, panel)
+        inits = [i for i in grid.orders["init"] if i in set(part["init"])]
+        ops = [o for o in grid.orders["operator"] if o in set(part["operator"])]
         width = 0.8 / max(len(ops), 1)
         for j, op in enumerate(ops):
             stats = [summarize(part[(part["operator"] == op) & (part["init"] == i)]["top1"]
@@ -42,42 +48,43 @@ def accuracy_by_init(results: pd.DataFrame, orders: dict, main_loss: str, out: P
             xs = [k + (j - (len(ops) - 1) / 2) * width for k in range(len(inits))]
             ax.bar(xs, [s[0] for s in stats], width, label=op,
                    yerr=[s[1] or 0 for s in stats], capsize=2)
-        teacher = _ok(rows_where(results[results["kind"] == "teacher"], GROUP, panel))["top1"]
+        teacher = _ok(rows_where(results[results["kind"] == "teacher"], group, panel))["top1"]
         if len(teacher):
             ax.axhline(float(teacher.mean()), color="k", ls="--", lw=1, label="softmax teacher")
         ax.set_xticks(range(len(inits)), inits, rotation=30, ha="right")
         ax.set_ylabel("test top-1 (%)")
-        ax.set_title(" / ".join(str(v) for v in panel if not pd.isna(v)))
+        ax.set_title(_title(group, panel))
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     save(fig, out)
 
 
-def time_to_accuracy(curves: pd.DataFrame, orders: dict, out: Path) -> None:
+def time_to_accuracy(curves: pd.DataFrame, grid: Grid, out: Path) -> None:
     """Test top-1 against training FLOPs (distillation included), one panel per operator: the
     mean over seeds at each evaluation, with its 95% CI as a band."""
     from linvit.report.cost import TARGET
 
+    curves, group = grid.complete(curves), grid.group
     cells = curves[curves["kind"] == "cell"]
-    ops = [o for o in orders["operator"] if o in set(cells["operator"])]
-    teachers = curves[curves["kind"] == "teacher"].sort_values("epoch").groupby(GROUP).last()
+    ops = [o for o in grid.orders["operator"] if o in set(cells["operator"])]
+    teachers = curves[curves["kind"] == "teacher"].sort_values("epoch").groupby(group).last()
     fig, axes = new_figure(len(ops), width=4.4)
     for ax, op in zip(axes, ops):
         part = cells[cells["operator"] == op]
-        groups = list(dict.fromkeys(zip(*(part[k] for k in GROUP))))
+        groups = list(dict.fromkeys(zip(*(part[k] for k in group))))
         if len(groups) == 1 and groups[0] in teachers.index:     # one teacher: its target
             ax.axhline(TARGET * teachers.loc[groups[0], "test_top1"], color="grey", ls=":",
                        lw=1, label=f"{TARGET:.0%} of the teacher")
         several = len(groups) > 1
-        for i, (key, run) in enumerate(part.groupby(GROUP + ["init", "loss"], sort=False,
+        for i, (key, run) in enumerate(part.groupby(group + ["init", "loss"], sort=False,
                                                     dropna=False)):
-            dataset, teacher, size, init, loss = key
+            *panel, init, loss = key
             points = [(g["flops"].mean() / 1e9,
                        *summarize(g["test_top1"].astype(float).tolist()))
                       for _, g in run.groupby("epoch")]
             xs, means, cis = ([p[0] for p in points], [p[1] for p in points],
                               [p[2] or 0.0 for p in points])
             label = (init if loss == "none" else f"{init} [{loss}]") + (
-                f" ({dataset}/{teacher}/{size})" if several else "")
+                f" ({_title(group, panel).replace(' / ', '/')})" if several else "")
             ax.plot(xs, means, marker="o", ms=3, color=f"C{i % 10}", label=label)
             ax.fill_between(xs, [m - c for m, c in zip(means, cis)],
                             [m + c for m, c in zip(means, cis)], color=f"C{i % 10}", alpha=0.15)
@@ -88,17 +95,19 @@ def time_to_accuracy(curves: pd.DataFrame, orders: dict, out: Path) -> None:
     save(fig, out)
 
 
-def distill_layers(layers: pd.DataFrame, out: Path) -> None:
+def distill_layers(layers: pd.DataFrame, grid: Grid, out: Path) -> None:
     """One panel per quantity: the relative attention-output error (comparable across designs),
-    then each distillation loss, per layer, on held-out images, teacher-forced."""
+    then each distillation loss, per layer, on held-out images, teacher-forced; a line per
+    distillation (its teacher model, teacher and distill axes, operator and loss design)."""
+    group = ["dataset", "teacher", "size", *grid.varying(("teacher", "distill"))]
     metrics = ["rel_err"] + sorted(set(layers["metric"]) - {"rel_err"})
     fig, axes = new_figure(len(metrics), width=4.2)
     for ax, metric in zip(axes, metrics):
         part = layers[layers["metric"] == metric]
-        for key, run in part.groupby(GROUP + ["operator", "loss"], sort=False, dropna=False):
+        for key, run in part.groupby(group + ["operator", "loss"], sort=False, dropna=False):
             *panel, op, loss = key
             run = run.sort_values("layer")
-            where = "/".join(str(v) for v in panel if not pd.isna(v))
+            where = _title(group, panel).replace(" / ", "/")
             ax.plot(run["layer"], run["value"], marker="o", ms=3,
                     label=f"{op} [{loss}] {where}")
         ax.set_xlabel("layer")
@@ -108,17 +117,17 @@ def distill_layers(layers: pd.DataFrame, out: Path) -> None:
     save(fig, out)
 
 
-def claims_figure(results: pd.DataFrame, main_loss: str, out: Path) -> None:
+def claims_figure(results: pd.DataFrame, grid: Grid, out: Path) -> None:
     """One panel per claim: each student's contrast (its seeds as dots, the mean with its 95%
     CI), the pooled estimate over students (black), and the threshold the claim must clear."""
     from linvit.report.claims import CLAIMS, verdicts
 
-    found = verdicts(results, main_loss)
+    found = verdicts(results, grid)
     claims = [c for c in CLAIMS if any(v.claim is c for v in found)] or CLAIMS
     fig, axes = new_figure(len(claims), width=3.6, height=3.8)
     for ax, claim in zip(axes, claims):
         part = [v for v in found if v.claim is claim]
-        several = len({tuple(v.where.get(k) for k in GROUP) for v in part
+        several = len({tuple(v.where.get(k) for k in grid.group) for v in part
                        if not v.is_pooled}) > 1
         labels = []
         for x, v in enumerate(part):
@@ -127,7 +136,8 @@ def claims_figure(results: pd.DataFrame, main_loss: str, out: Path) -> None:
             err = None if e.half_width is None else [[e.half_width], [e.half_width]]
             ax.errorbar([x], [e.mean], yerr=err, fmt="D" if v.is_pooled else "s", ms=6,
                         color=color, capsize=4)
-            where = "/".join(str(v.where[k]) for k in ("dataset", "size") if k in v.where)
+            shown = ["dataset", "size", *grid.varying()]
+            where = "/".join(str(v.where[k]) for k in shown if k in v.where)
             labels.append("pooled" if v.is_pooled else
                           f"{v.where['operator']}\n{where}" if several else v.where["operator"])
         ax.axhline(claim.threshold, color="grey", ls="--", lw=1)
@@ -137,23 +147,23 @@ def claims_figure(results: pd.DataFrame, main_loss: str, out: Path) -> None:
     save(fig, out)
 
 
-def write_figures(results, curves, layers, orders: dict, main_loss: str,
-                  out_dir: str | Path) -> list[Path]:
+def write_figures(results, curves, layers, grid: Grid, out_dir: str | Path) -> list[Path]:
     from linvit.report.paths import FIGURE_FORMATS, FIGURES  # what the workflow expects
 
     out_dir = Path(out_dir)
-    drawn = {"accuracy_by_init": lambda path: accuracy_by_init(results, orders, main_loss, path),
-             "time_to_accuracy": lambda path: time_to_accuracy(curves, orders, path),
-             "distill_layers": lambda path: distill_layers(layers, path),
-             "claims": lambda path: claims_figure(results, main_loss, path)}
+    drawn = {"accuracy_by_init": lambda path: accuracy_by_init(results, grid, path),
+             "time_to_accuracy": lambda path: time_to_accuracy(curves, grid, path),
+             "distill_layers": lambda path: distill_layers(layers, grid, path),
+             "claims": lambda path: claims_figure(results, grid, path)}
     for name in FIGURES:
         drawn[name](out_dir / name)
     return [out_dir / f"{n}.{ext}" for n in FIGURES for ext in FIGURE_FORMATS]
 
 
 def run_step(a) -> None:
-    from linvit.report.files import read_csv, read_grid
+    from linvit.report.files import read_csv
+    from linvit.report.grid import read_grid
 
     grid = read_grid(a.grid)
-    write_figures(read_csv(a.results), read_csv(a.curves), read_csv(a.layers), grid["orders"],
-                  grid["main_loss"], a.out)
+    write_figures(read_csv(a.results, grid), read_csv(a.curves, grid), read_csv(a.layers, grid),
+                  grid, a.out)

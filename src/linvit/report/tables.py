@@ -1,11 +1,10 @@
 """results.csv -> tables (CSV, Markdown, LaTeX): mean and 95% CI of test top-1 over seeds.
 
     main          rows: init strategy (+ the softmax teacher), columns: operator, per
-                  dataset / teacher / size
+                  dataset / teacher / size / value of each varying config axis
     loss_design   rows: init strategy x loss design, columns: operator
-    by_dataset    rows: teacher x size x operator x init strategy, columns: dataset
-    by_teacher    rows: dataset x size x operator x init strategy, columns: teacher
-    by_size       rows: dataset x teacher x operator x init strategy, columns: size
+    by_<axis>     rows: every other grouping x operator x init strategy, columns: the axis's
+                  values (dataset, teacher, size, and each config axis)
     claims        the paper's claims decided from paired contrasts over seeds (report.claims)
 
 Only the tables the grid document names are written: an axis of one value has no table.
@@ -19,7 +18,7 @@ import pandas as pd
 
 from linvit.io import write_text
 from linvit.render.tables import cell_text, rank, to_latex, write_table
-from linvit.report.collect import GROUP
+from linvit.report.grid import Grid
 
 
 def format_cell(group: pd.DataFrame) -> str:
@@ -45,92 +44,102 @@ TEACHER_LABELS = {"pretrain": "teacher (pretrained)", "import-teacher": "teacher
                   "probe": "teacher (imported, probed)", "select": "teacher (selected)"}
 
 
-def main_table(results: pd.DataFrame, orders: dict, main_loss: str) -> pd.DataFrame:
-    cells = results[(results["kind"] == "cell") & results["loss"].isin([main_loss, "none"])]
-    table = pivot(cells, GROUP + ["init"], "operator", orders)
+def main_table(results: pd.DataFrame, grid: Grid) -> pd.DataFrame:
+    """Rows: each group's teacher, then its init strategies; columns: operators."""
+    results, group, orders = grid.complete(results), grid.group, grid.orders
+    table = pivot(grid.main(results), group + ["init"], "operator", orders)
     teachers = results[results["kind"] == "teacher"]
     if len(teachers) and "softmax" not in table.columns:
         table["softmax"] = ""
-    for key, group in teachers.groupby(GROUP, sort=False, dropna=False):
-        stage = group["stage"].iloc[0] if "stage" in group else "pretrain"
+    for key, rows in teachers.groupby(group, sort=False, dropna=False):
+        stage = rows["stage"].iloc[0] if "stage" in rows else "pretrain"
         label = TEACHER_LABELS.get(stage, "teacher (pretrained)")
-        row = pd.DataFrame([[format_cell(group) if c == "softmax" else "" for c in table.columns]],
+        row = pd.DataFrame([[format_cell(rows) if c == "softmax" else "" for c in table.columns]],
                            columns=table.columns, index=pd.MultiIndex.from_tuples(
                                [(*key, label)], names=table.index.names))
         table = pd.concat([row, table])
     # teacher rows first within their group (a stable sort keeps them where concat put them)
     keys = sorted(range(len(table)), key=lambda i: tuple(
-        rank(orders.get(name), table.index[i][j]) for j, name in enumerate(GROUP)))
+        rank(orders.get(name), table.index[i][j]) for j, name in enumerate(group)))
     return table.iloc[keys]
 
 
-def loss_table(results: pd.DataFrame, orders: dict) -> pd.DataFrame:
-    cells = results[(results["kind"] == "cell") & (results["loss"] != "none")]
-    return pivot(cells, GROUP + ["init", "loss"], "operator", orders)
+def loss_table(results: pd.DataFrame, grid: Grid) -> pd.DataFrame:
+    cells = grid.complete(results[(results["kind"] == "cell") & (results["loss"] != "none")])
+    return pivot(cells, grid.group + ["init", "loss"], "operator", grid.orders)
 
 
-def axis_table(results: pd.DataFrame, orders: dict, axis: str, main_loss: str) -> pd.DataFrame:
-    """Cells of the main loss with `axis` (one of GROUP) as the columns."""
-    others = [name for name in GROUP if name != axis]
-    cells = results[(results["kind"] == "cell") & results["loss"].isin([main_loss, "none"])]
-    return pivot(cells, others + ["operator", "init"], axis, orders)
+def axis_table(results: pd.DataFrame, grid: Grid, axis: str) -> pd.DataFrame:
+    """Cells of the main loss with `axis` (dataset, teacher, size or a config axis) as the
+    columns; a cell the axis does not reach shows its one result in each."""
+    cells = grid.main(grid.complete(results))
+    others = [name for name in grid.group if name != axis]
+    return pivot(cells, others + ["operator", "init"], axis, grid.orders)
 
 
 CAPTIONS = {
     "main": "Test top-1 (%) by init strategy and operator; mean ± 95% CI over seeds",
     "loss_design": "Test top-1 (%) by distillation loss design",
-    "by_dataset": "Test top-1 (%) by dataset",
-    "by_teacher": "Test top-1 (%) by teacher",
-    "by_size": "Test top-1 (%) by model size",
     "time_to_target": "Training each init strategy needs to reach 95% of its teacher's test "
                       "top-1 (distillation included; mean over seeds)",
     "claims": "The paper's claims: paired contrasts in test top-1 points, mean ± 95% CI over "
               "seeds, and their verdicts",
 }
+AXIS_CAPTIONS = {"dataset": "dataset", "teacher": "teacher", "size": "model size"}
 
 
-BUILDERS = {
-    "main": lambda r, o, loss: main_table(r, o, loss),
-    "loss_design": lambda r, o, loss: loss_table(r, o),
-    "by_dataset": lambda r, o, loss: axis_table(r, o, "dataset", loss),
-    "by_teacher": lambda r, o, loss: axis_table(r, o, "teacher", loss),
-    "by_size": lambda r, o, loss: axis_table(r, o, "size", loss),
-}
+def caption(name: str) -> str:
+    if name.startswith("by_") and name not in CAPTIONS:
+        axis = name.removeprefix("by_")
+        return (f"Test top-1 (%) by {AXIS_CAPTIONS.get(axis, axis)}" +
+                ("" if axis in AXIS_CAPTIONS else " (a cell it does not reach: its one result "
+                 "in each column)"))
+    return CAPTIONS[name]
 
 
-def write_claims(results: pd.DataFrame, main_loss: str, stem: Path) -> pd.DataFrame:
+def build_table(name: str, results: pd.DataFrame, grid: Grid) -> pd.DataFrame:
+    if name == "main":
+        return main_table(results, grid)
+    if name == "loss_design":
+        return loss_table(results, grid)
+    if name.startswith("by_"):
+        return axis_table(results, grid, name.removeprefix("by_"))
+    raise ValueError(f"no table {name!r}")
+
+
+def write_claims(results: pd.DataFrame, grid: Grid, stem: Path) -> pd.DataFrame:
     from linvit.report.claims import claims_frame, claims_markdown
 
-    frame = claims_frame(results, main_loss)
+    frame = claims_frame(results, grid)
     write_text(stem.with_suffix(".csv"), frame.to_csv(index=False))
-    write_text(stem.with_suffix(".md"), claims_markdown(frame))
+    write_text(stem.with_suffix(".md"), claims_markdown(frame, grid))
     columns = ["operator", "n", "mean", "ci_low", "ci_high", "verdict"]
-    indexed = frame.set_index(["claim", "dataset", "teacher", "size"])[columns]
+    indexed = frame.set_index(["claim", *grid.group])[columns]
     write_text(stem.with_suffix(".tex"), to_latex(indexed.round(2), CAPTIONS["claims"]))
     return frame
 
 
-def write_tables(results: pd.DataFrame, curves: pd.DataFrame, orders: dict, main_loss: str,
-                 out_dir: str | Path, names: list[str]) -> dict[str, pd.DataFrame]:
-    """The tables `names` (the grid document's list) as CSV, Markdown and LaTeX."""
+def write_tables(results: pd.DataFrame, curves: pd.DataFrame, grid: Grid,
+                 out_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """The grid document's tables as CSV, Markdown and LaTeX."""
     from linvit.report.cost import time_to_target
 
     tables = {}
-    for name in names:
+    for name in grid.tables:
         if name == "claims":
-            tables[name] = write_claims(results, main_loss, Path(out_dir) / name)
+            tables[name] = write_claims(results, grid, Path(out_dir) / name)
             continue
         if name == "time_to_target":
-            tables[name] = time_to_target(results, curves, orders, main_loss)
+            tables[name] = time_to_target(results, curves, grid)
         else:
-            tables[name] = BUILDERS[name](results, orders, main_loss)
-        write_table(tables[name], Path(out_dir) / name, CAPTIONS[name])
+            tables[name] = build_table(name, results, grid)
+        write_table(tables[name], Path(out_dir) / name, caption(name))
     return tables
 
 
 def run_step(a) -> None:
-    from linvit.report.files import read_csv, read_grid
+    from linvit.report.files import read_csv
+    from linvit.report.grid import read_grid
 
     grid = read_grid(a.grid)
-    write_tables(read_csv(a.results), read_csv(a.curves), grid["orders"], grid["main_loss"],
-                 a.out, grid["tables"])
+    write_tables(read_csv(a.results, grid), read_csv(a.curves, grid), grid, a.out)

@@ -7,24 +7,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import yaml
-
 from linvit import found_files
-from linvit.workflow import memo
-from linvit.workflow.grid import robustness_section, teacher_specs
+from linvit.workflow import axes, memo
+from linvit.workflow.grid import grid_axes, robustness_section, teacher_specs
 from linvit.workflow.plan import Plan, plan
-
-# The workflow's config schema (the checkout's; only its Snakefile imports this module) is the one
-# source of the name pattern and the grid keys, which this check applies where the schema is not
-# read (a config given in Python) and names in its messages.
-SCHEMA = yaml.safe_load((Path(__file__).resolve().parents[3] / "workflow" / "schemas"
-                         / "config.schema.yaml").read_text())
-# Grid names become folder names, wildcards and command-line words: a letter or digit first (no
-# leading '-' or '.'), then no slash, space, quote or shell character; '+' for strategies such as
-# copy_mlp+distill.
-NAME_PATTERN = SCHEMA["$defs"]["name"]["pattern"]
-# The keys that make a config a grid.
-GRID_KEYS = tuple(SCHEMA["required"])
+from linvit.workflow.schema import GRID_KEYS, NAME_PATTERN
 
 
 def use_shipped_grid(config: dict, configfiles: list) -> bool:
@@ -224,6 +211,7 @@ def _check_config(config: dict, existing_file: str) -> None:
     from linvit.errors import ConfigError
 
     check_names(config)
+    axes.check_types(grid_axes(config))
     _check_registries(config)
     _check_teachers(config)
     _check_teacher_files(config)

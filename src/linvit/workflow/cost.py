@@ -188,9 +188,10 @@ def axis_value(job, axis: str) -> str:
     return "-" if value is None else str(value)
 
 
-def tables(costs: list[Cost], tflops: float) -> str:
-    """Markdown: the cost per stage, per value of each grid axis with two or more values, and
-    in all; device-hours at `tflops` effective TFLOP/s per device."""
+def tables(costs: list[Cost], tflops: float, axes=()) -> str:
+    """Markdown: the cost per stage, per value of each grid axis (the built-in ones and the
+    config's `axes`) with two or more values, and in all; device-hours at `tflops` effective
+    TFLOP/s per device."""
     hours = lambda flops: flops / (tflops * 1e12) / 3600          # noqa: E731
     rows = ["| stage | jobs | training PFLOP | evaluation PFLOP | device-hours | "
             "peak memory per job (GiB) |", "|---|---:|---:|---:|---:|---:|"]
@@ -207,7 +208,7 @@ def tables(costs: list[Cost], tflops: float) -> str:
     rows.append(f"| **all** | {len(costs)} | {sum(c.train_flops for c in costs) / 1e15:.4g} | "
                 f"{sum(c.eval_flops for c in costs) / 1e15:.4g} | **{hours(total):.4g}** | |")
     out = ["\n".join(rows)]
-    for axis in AXES:
+    for axis in (*AXES, *axes):
         values = list(dict.fromkeys(axis_value(c.job, axis) for c in costs))
         if len(values) < 2:
             continue
@@ -256,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     tflops = args.tflops or (config.get("plan") or {}).get("tflops") or DEFAULT_TFLOPS
     costs = grid_costs(config, args.configfile)
     print(f"# What {args.configfile} costs\n")
-    print(tables(costs, tflops))
+    from linvit.workflow.grid import grid_axes
+
+    print(tables(costs, tflops, grid_axes(config).names()))
     print(f"\nAssumed: {tflops:g} effective TFLOP/s per device (--tflops, plan.tflops); FLOPs "
           "and memory counted as linvit.workflow.cost states; not costed: dense tasks, the "
           "operator benchmark, ImageNet shift sets.")
@@ -269,11 +272,10 @@ def load_grid(path: str) -> dict:
 
     from snakemake.utils import validate
 
-    from linvit.workflow import check
+    from linvit.workflow import check, schema
 
     config = yaml.safe_load(Path(path).read_text())
-    validate(config, str(Path(check.__file__).resolve().parents[3] / "workflow" / "schemas"
-                         / "config.schema.yaml"))
+    validate(config, str(schema.PATH))
     check.check_config(config, path)
     return config
 

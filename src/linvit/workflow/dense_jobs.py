@@ -8,7 +8,7 @@ from pathlib import Path
 
 from linvit.transfer.strategies import get_strategy
 from linvit.trees import deep_merge
-from linvit.workflow.grid import NO_LOSS, Cell, models_taught
+from linvit.workflow.grid import NO_LOSS, Cell, Model, grid_axes, models_taught, reached
 
 TEACHER_BACKBONE = "teacher"
 
@@ -18,24 +18,23 @@ class DenseRun:
     """One dense fine-tuning: a task on the backbone of a teacher model (cell None) or of a
     fine-tuned cell, with heads initialised and data shuffled by `seed` (a cell's own)."""
     task: str
-    dataset: str
-    teacher: str
-    size: str
+    model: Model                      # the teacher model (of the cell, when there is one)
     cell: Cell | None
     seed: int
 
     @property
     def backbone(self) -> str:
         """The job's folder name: "teacher.seed<seed>" or "<operator>.<init>.<loss>.seed<seed>"
-        (made here, never parsed back: the job's key says what it is)."""
+        (made here, never parsed back: the job's key says what it is; config axes are folder
+        levels of their own)."""
         c = self.cell
         return (f"{TEACHER_BACKBONE}.seed{self.seed}" if c is None
                 else f"{c.operator}.{c.init}.{c.loss}.seed{c.seed}")
 
     def key(self) -> dict:
         c = self.cell
-        return {"task": self.task, "dataset": self.dataset, "teacher": self.teacher,
-                "size": self.size,
+        return {"task": self.task, "dataset": self.model.dataset, "teacher": self.model.teacher,
+                "size": self.model.size,
                 "operator": c.operator if c else "softmax",
                 "init": c.init if c else TEACHER_BACKBONE, "loss": c.loss if c else NO_LOSS,
                 "seed": self.seed}
@@ -44,19 +43,22 @@ class DenseRun:
 def dense_runs(config: dict, cells: list[Cell]) -> list[DenseRun]:
     """The dense sub-grid: each task on each teacher model the cells use and on the backbones of
     dense.operators x dense.strategies x dense.seeds (cells of the grid, or cells made for the
-    dense sub-grid alone: dense_cells). The teacher's backbone is one model, trained once; it
-    gets a job per seed all the same, so that its row, like the students', spreads over the
-    heads' seeds, and each student's gap to it is paired by seed."""
+    dense sub-grid alone: dense_cells), at every combination of the config axes' values that
+    reaches them. The teacher's backbone is one model, trained once; it gets a job per seed all
+    the same, so that its row, like the students', spreads over the heads' seeds, and each
+    student's gap to it is paired by seed."""
     dense = config.get("dense") or {}
     seeds = dense.get("seeds", config["seeds"][:1])
-    runs = []
-    for task, (dataset, teacher, size) in itertools.product(dense.get("tasks", []),
-                                                            models_taught(cells)):
-        runs += [DenseRun(task, dataset, teacher, size, None, seed) for seed in seeds]
+    axes, runs = grid_axes(config), []
+    for task, model in itertools.product(dense.get("tasks", []), models_taught(config, cells)):
+        runs += [DenseRun(task, model, None, seed) for seed in seeds]
         for op, init, seed in itertools.product(dense["operators"], dense["strategies"], seeds):
             loss = config["main_loss"] if get_strategy(init).needs_distilled else NO_LOSS
-            cell = Cell(dataset, teacher, size, op, init, loss, seed)
-            runs.append(DenseRun(task, dataset, teacher, size, cell, seed))
+            for combo in axes.combinations(reached(config, model.teacher, init)):
+                if axes.project(combo, ["teacher"]) != model.axes:
+                    continue
+                cell = Cell(*model[:3], op, init, loss, seed, combo)
+                runs.append(DenseRun(task, model, cell, seed))
     return runs
 
 
@@ -98,4 +100,4 @@ def dense_overrides(config: dict, run: DenseRun, checkpoint: str, scenes: str) -
     neck = {k: dense[k] for k in ("neck", "adapter") if k in dense}
     return deep_merge({"data": {"root": scenes}, "model": neck}, dense_stage(config, run.task),
                       {"checkpoint": checkpoint, "run": {"seed": run.seed},     # the seed axis
-                       "pretrain_dataset": config["datasets"][run.dataset]["dataset"]})
+                       "pretrain_dataset": config["datasets"][run.model.dataset]["dataset"]})

@@ -2,9 +2,10 @@
 linvit overrides (a config tree) each of their jobs gets. linvit.workflow.jobs makes the jobs.
 
 A cell is one fine-tuned student: (dataset, teacher, size, operator, init strategy, loss design,
-seed). Cells share work: one teacher model per (dataset, teacher, size), one distillation per
-(dataset, teacher, size, operator, loss design). Strategies that take nothing from a distilled
-student get loss "none".
+seed) and a value of each config axis (linvit.workflow.axes). Cells share work: one teacher model
+per (dataset, teacher, size, teacher axes), one distillation per (dataset, teacher, size,
+operator, loss design, teacher and distill axes). Strategies that take nothing from a distilled
+student get loss "none", and "none" on every distill axis.
 
 Teachers are named (config `teachers`; default one, "pretrain", trained here at every size). A
 teacher is made at its own size (pretrained, or imported from timm weights and, if configured,
@@ -14,12 +15,17 @@ given a head by `linvit probe`); for each smaller student size it serves, weight
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from linvit.transfer.strategies import get_strategy
 from linvit.trees import deep_merge
+from linvit.workflow import axes as ax
+from linvit.workflow.axes import Axes, Combo
+from linvit.workflow.schema import NAME_PATTERN
 
 NO_LOSS = "none"
+CELL_FIELDS = ("dataset", "teacher", "size", "operator", "init", "loss", "seed")
 
 
 @dataclass(frozen=True)
@@ -31,13 +37,48 @@ class Cell:
     init: str
     loss: str
     seed: int
+    axes: Combo = ()                  # (config axis, value label) pairs, in the config's order
 
     @property
     def needs_distill(self) -> bool:
         return get_strategy(self.init).needs_distilled
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Its key: the built-in axes, then the config's, the seed last."""
+        key = {f: getattr(self, f) for f in CELL_FIELDS[:-1]}
+        return {**key, **dict(self.axes), "seed": self.seed}
+
+    @classmethod
+    def of(cls, key: dict) -> Cell:
+        """The cell of a job's key (as_dict's inverse)."""
+        return cls(*(key[f] for f in CELL_FIELDS),
+                   tuple((k, v) for k, v in key.items() if k not in CELL_FIELDS))
+
+
+class Model(NamedTuple):
+    """One teacher model: what a teacher job makes and the cells take."""
+    dataset: str
+    teacher: str
+    size: str
+    axes: Combo = ()                  # the teacher axes' values
+
+
+class Distillation(NamedTuple):
+    dataset: str
+    teacher: str
+    size: str
+    operator: str
+    loss: str
+    axes: Combo = ()                  # the teacher and distill axes' values
+
+    @property
+    def model(self) -> Model:
+        return Model(self.dataset, self.teacher, self.size, self.axes)
+
+
+def grid_axes(config: dict) -> Axes:
+    """The config's own axes (checked; linvit.workflow.axes)."""
+    return ax.parse(config, NAME_PATTERN)
 
 
 # --- teachers: named, each made at its own size and selected down to smaller student sizes -----
@@ -70,21 +111,21 @@ def teacher_students(config: dict) -> list[tuple[str, str]]:
                   else len(config["sizes"]))
 
 
-
-
-
-
-
-
+def reached(config: dict, teacher: str, init: str) -> dict[str, bool]:
+    """Which stages' axes reach a cell of this teacher and strategy: a teacher axis only a
+    teacher trained here, a distill axis only a strategy that takes a distilled student."""
+    return {"teacher": teacher_specs(config)[teacher]["source"] == "pretrain",
+            "distill": get_strategy(init).needs_distilled, "finetune": True}
 
 
 def _cells(config: dict, operators, strategies, losses) -> list[Cell]:
-    out = []
+    out, axes = [], grid_axes(config)
     for dataset, (teacher, size), op, init, seed in itertools.product(
             config["datasets"], teacher_students(config), operators, strategies,
             config["seeds"]):
         designs = losses if get_strategy(init).needs_distilled else [NO_LOSS]
-        out += [Cell(dataset, teacher, size, op, init, loss, seed) for loss in designs]
+        for combo in axes.combinations(reached(config, teacher, init)):
+            out += [Cell(dataset, teacher, size, op, init, loss, seed, combo) for loss in designs]
     return out
 
 
@@ -98,28 +139,39 @@ def expand_grid(config: dict) -> list[Cell]:
     return list(dict.fromkeys(cells))
 
 
-def teachers(config: dict, cells: list[Cell]) -> list[tuple[str, str, str]]:
-    """(dataset, teacher, size) of every teacher model: each one the cells use and, before a
-    selected one, the teacher at its own size that it is cut out of."""
-    used = models_taught(cells)
+def teachers(config: dict, cells: list[Cell]) -> list[Model]:
+    """Every teacher model: each one the cells use and, before a selected one, the teacher at
+    its own size that it is cut out of."""
+    used = models_taught(config, cells)
     specs = teacher_specs(config)
-    made = [(d, t, made_size(specs[t], s)) for d, t, s in used]
+    made = [m._replace(size=made_size(specs[m.teacher], m.size)) for m in used]
     return list(dict.fromkeys([*made, *used]))
 
 
-def models_taught(cells: list[Cell]) -> list[tuple[str, str, str]]:
-    """(dataset, teacher, size) of the teacher models the cells take, in grid order."""
-    return list(dict.fromkeys((c.dataset, c.teacher, c.size) for c in cells))
+def model_of(config: dict, cell: Cell) -> Model:
+    return Model(cell.dataset, cell.teacher, cell.size,
+                 grid_axes(config).project(cell.axes, ["teacher"]))
+
+
+def models_taught(config: dict, cells: list[Cell]) -> list[Model]:
+    """The teacher models the cells take, in grid order."""
+    return list(dict.fromkeys(model_of(config, c) for c in cells))
 
 
 def imports(config: dict, cells: list[Cell]) -> list[tuple[str, str, str]]:
-    """(dataset, teacher, size) of the imports a probe job then gives a head."""
-    return [k for k in teachers(config, cells) if teacher_stage(config, k[1], k[2]) == "probe"]
+    """(dataset, teacher, size) of the imports a probe job then gives a head (a teacher axis
+    does not reach imported teachers: one import each)."""
+    return list(dict.fromkeys(m[:3] for m in teachers(config, cells)
+                              if teacher_stage(config, m.teacher, m.size) == "probe"))
 
 
-def distillations(cells: list[Cell]) -> list[tuple[str, str, str, str, str]]:
-    return list(dict.fromkeys((c.dataset, c.teacher, c.size, c.operator, c.loss)
-                              for c in cells if c.needs_distill))
+def distillation_of(config: dict, cell: Cell) -> Distillation:
+    return Distillation(cell.dataset, cell.teacher, cell.size, cell.operator, cell.loss,
+                        grid_axes(config).project(cell.axes, ["teacher", "distill"]))
+
+
+def distillations(config: dict, cells: list[Cell]) -> list[Distillation]:
+    return list(dict.fromkeys(distillation_of(config, c) for c in cells if c.needs_distill))
 
 
 # --- each job's overrides: a tree, flattened to `key=value` words only by linvit.workflow.jobs ---
@@ -158,10 +210,10 @@ def import_overrides(config: dict, dataset: str, teacher: str) -> dict:
             "reset_head": not headless, **_data(config, dataset)}
 
 
-def teacher_overrides(config: dict, dataset: str, teacher: str, size: str,
-                      source_model: str | None) -> dict:
-    """The job that makes teacher model (dataset, teacher, size); source_model: what a probe or
-    select job reads (the import, or the teacher at its own size)."""
+def teacher_overrides(config: dict, model: Model, source_model: str | None) -> dict:
+    """The job that makes a teacher model; source_model: what a probe or select job reads (the
+    import, or the teacher at its own size)."""
+    dataset, teacher, size = model[:3]
     spec, stage = teacher_specs(config)[teacher], teacher_stage(config, teacher, size)
     if stage == "import-teacher":
         return import_overrides(config, dataset, teacher)
@@ -173,21 +225,24 @@ def teacher_overrides(config: dict, dataset: str, teacher: str, size: str,
         return deep_merge(_data(config, dataset), {"data": test},
                           {"teacher": source_model, "size": size})
     return deep_merge(_data(config, dataset), _stage(config, "teacher", dataset),
+                      grid_axes(config).overrides(model.axes, "teacher"),
                       {"model": {"size": size, "operator": "softmax"},
                        "run": {"seed": config.get("teacher_seed", 0)}})
 
 
-def distill_overrides(config: dict, dataset: str, operator: str, loss: str,
-                      teacher_model: str) -> dict:
-    return deep_merge(_data(config, dataset), _stage(config, "distill", dataset),
-                      {"teacher": teacher_model, "model": {"operator": operator},
-                       "distill": {"losses": config["losses"][loss]},
+def distill_overrides(config: dict, distillation: Distillation, teacher_model: str) -> dict:
+    d = distillation
+    return deep_merge(_data(config, d.dataset), _stage(config, "distill", d.dataset),
+                      grid_axes(config).overrides(d.axes, "distill"),
+                      {"teacher": teacher_model, "model": {"operator": d.operator},
+                       "distill": {"losses": config["losses"][d.loss]},
                        "run": {"seed": config.get("teacher_seed", 0)}})
 
 
 def finetune_overrides(config: dict, cell: Cell, teacher_model: str,
                        distilled_model: str | None) -> dict:
     return deep_merge(_data(config, cell.dataset), _stage(config, "finetune", cell.dataset),
+                      grid_axes(config).overrides(cell.axes, "finetune"),
                       {"teacher": teacher_model, "distilled": distilled_model,
                        "model": {"operator": cell.operator}, "init": {"strategy": cell.init},
                        "run": {"seed": cell.seed}})
@@ -197,17 +252,25 @@ def finetune_overrides(config: dict, cell: Cell, teacher_model: str,
 MAPS_TEACHER = "teacher"      # the teacher's own maps; a student's are named by its operator
 
 
-def attention_panel(config: dict) -> tuple[str, str, str]:
-    """(dataset, teacher, size) of the attention-map figure: the first of each."""
-    return (next(iter(config["datasets"])), *teacher_students(config)[0])
+def attention_panel(config: dict) -> Model:
+    """The teacher model of the attention-map figure: the first dataset, teacher and size, and
+    the first value of each teacher axis."""
+    teacher, size = teacher_students(config)[0]
+    axes = grid_axes(config)
+    combo = axes.first(reached(config, teacher, "distill"))
+    return Model(next(iter(config["datasets"])), teacher, size, axes.project(combo, ["teacher"]))
 
 
-def attention_models(config: dict, cells: list[Cell]) -> list[str]:
-    """The maps jobs of the figure: the teacher, then each operator with a main-loss student."""
-    panel = attention_panel(config)
-    done = distillations(cells)
-    return [MAPS_TEACHER] + [op for op in config["operators"]
-                             if (*panel, op, config["main_loss"]) in done]
+def attention_students(config: dict, cells: list[Cell]) -> list[Distillation]:
+    """The students of the figure: each operator's main-loss distillation of the panel's
+    teacher (the first value of each distill axis) that the grid makes."""
+    panel, axes = attention_panel(config), grid_axes(config)
+    combo = axes.first(reached(config, panel.teacher, "distill"))
+    students = [Distillation(*panel[:3], op, config["main_loss"],
+                             axes.project(combo, ["teacher", "distill"]))
+                for op in config["operators"]]
+    done = set(distillations(config, cells))
+    return [d for d in students if d in done]
 
 
 def maps_overrides(config: dict, dataset: str, teacher_model: str,
@@ -219,27 +282,33 @@ def maps_overrides(config: dict, dataset: str, teacher_model: str,
             "images": config["figures"]["attention_images"]}
 
 
-AXIS_TABLES = {"by_dataset": "dataset", "by_teacher": "teacher", "by_size": "size"}
+def axis_tables(config: dict, cells: list[Cell]) -> dict[str, str]:
+    """by_<axis> -> axis, for each axis (dataset, teacher, size and the config's) with 2 or more
+    values among the cells (with one value it would repeat the main table)."""
+    values = {name: {getattr(c, name) for c in cells} for name in ("dataset", "teacher", "size")}
+    values.update({a.name: {dict(c.axes)[a.name] for c in cells} - {ax.NONE}
+                   for a in grid_axes(config)})
+    return {f"by_{name}": name for name, found in values.items() if len(found) > 1}
 
 
 def report_tables(config: dict, cells: list[Cell]) -> list[str]:
-    """The tables the grid's report has: an axis table only where its axis has 2 or more values
-    among the cells (with one value it repeats the main table), the loss design only with a
-    loss sub-grid."""
+    """The tables the grid's report has: the axis tables (axis_tables), the loss design only
+    with a loss sub-grid."""
     names = ["main", "claims", "time_to_target"] + (["loss_design"] if config.get("loss_grid")
                                                     else [])
-    return names + [name for name, axis in AXIS_TABLES.items()
-                    if len({getattr(c, axis) for c in cells}) > 1]
+    return names + list(axis_tables(config, cells))
 
 
 def grid_document(config: dict, cells: list[Cell]) -> dict:
-    """What the report steps need to know about the grid: expected cells, axis orders and the
-    tables its report has."""
+    """What the report steps need to know about the grid: expected cells, its config axes, axis
+    orders and the tables its report has."""
     sub = config.get("loss_grid") or {}
+    axes = grid_axes(config)
     document = {
         "cells": [c.as_dict() for c in cells],
         "main_loss": config["main_loss"],
         "tables": report_tables(config, cells),
+        "axes": [a.as_dict() for a in axes],
         "orders": {
             "init": list(dict.fromkeys(config["strategies"] + config["reference_strategies"]
                                        + sub.get("strategies", []))),
@@ -249,7 +318,8 @@ def grid_document(config: dict, cells: list[Cell]) -> dict:
             "dataset": list(config["datasets"]),
             "teacher": list(teacher_specs(config)),
             "size": list(dict.fromkeys([*config["sizes"],
-                                        *(s for _, _, s in teachers(config, cells))])),
+                                        *(m.size for m in teachers(config, cells))])),
+            **{a.name: list(a.labels) for a in axes},
         },
     }
     if config.get("dense"):              # the dense table's columns: each task's headline

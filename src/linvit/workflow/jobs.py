@@ -1,45 +1,78 @@
 """One `Job` per workflow job: `plan(config)` expands the grid once and returns every job with its
 kind, stage, key, folders, overrides and inputs.
 
-A job kind's templates (relative to the results folder, with `{wildcard}` fields) are the one
-place a job's files are named: Python formats them with the job's wildcards, and the rules use
-them as their output, log and benchmark patterns. A rule looks its job up by its wildcards
-(`Plan.find`) and runs `Job.command`; the config check builds each job's `overrides` into its
-stage's config; the record key is `Job.key`, everywhere.
+KINDS is the one table of job kinds: what each writes where, the grid's axes in its key (its
+built-in ones, and the stages whose config axes join it) and so its wildcards. A kind's templates
+(relative to the results folder, with `{wildcard}` fields) are derived from that key and are the
+one place a job's files are named: Python formats them with the job's wildcards, and the rules
+use them as their output, log and benchmark patterns (a config axis is a folder level
+`<axis>=<value>`, before the seed). A rule looks its job up by its wildcards (`Plan.find`) and
+runs `Job.command`; the config check builds each job's `overrides` into its stage's config; the
+record key is `Job.key`, everywhere.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import shlex
-import string
 from dataclasses import dataclass, field
 
 from linvit.trees import flatten
 
 RECORD = "record.json"
 MODEL = "model.safetensors"
-CELL = "cells/{dataset}/{teacher}/{size}/{operator}/{init}/{loss}/seed{seed}"
-MODELS = "{dataset}/{teacher}/{size}"
-DENSE = "dense/{task}/" + MODELS + "/{backbone}"
+MODELS = ("dataset", "teacher", "size")               # one teacher model
+CELL = (*MODELS, "operator", "init", "loss", "seed")   # one fine-tuned student
+ALL_STAGES = ("teacher", "distill", "finetune")
 
 
 @dataclass(frozen=True)
 class JobKind:
-    """What a kind of job writes where. `folder` holds the job's output (its record, or a scenes
-    manifest); `run` is the run folder inside it when the record sits beside the run."""
+    """What a kind of job writes where. Its folder is `prefix` and then a level per wildcard:
+    its built-in `fields` in order ("seed" as seed<N>), with the config axes of `stages` before
+    the seed (`axes`, the names a grid's plan binds: `bind`). `run` is the run folder inside it
+    when the record sits beside the run."""
     name: str
     record_kind: str | None        # `record --kind` (linvit.report.kinds); None: no record
-    folder: str
-    log: str
-    benchmark: str | None = None
+    prefix: str
+    fields: tuple[str, ...] = ()
+    stages: tuple[str, ...] = ()   # whose config axes join the key (linvit.workflow.axes)
+    log_prefix: str | None = None  # the log's folder under logs/ (default: prefix)
+    benchmark_file: bool = True
     run: str = ""
     threads: int = 1
     output: str = RECORD
+    axes: tuple[str, ...] = ()
 
-    @property
-    def fields(self) -> tuple[str, ...]:
-        return tuple(f for _, f, _, _ in string.Formatter().parse(self.folder) if f)
+    def bind(self, axes) -> JobKind:
+        """This kind in a grid with config axes `axes` (linvit.workflow.axes.Axes)."""
+        return dataclasses.replace(self, axes=axes.names(self.stages))
+
+    @functools.cached_property
+    def wildcards(self) -> tuple[str, ...]:
+        builtin = [f for f in self.fields if f != "seed"]
+        return (*builtin, *self.axes, *(["seed"] if "seed" in self.fields else []))
+
+    def _levels(self) -> str:
+        levels = [f"{name}={{{name}}}" if name in self.axes else
+                  "seed{seed}" if name == "seed" else f"{{{name}}}" for name in self.wildcards]
+        return "".join(f"/{level}" for level in levels)
+
+    @functools.cached_property
+    def folder(self) -> str:
+        return self.prefix + self._levels()
+
+    @functools.cached_property
+    def log(self) -> str:
+        return f"logs/{self.log_prefix or self.prefix}{self._levels()}.log"
+
+    @functools.cached_property
+    def benchmark(self) -> str | None:
+        if not self.benchmark_file:
+            return None
+        return f"benchmarks/{self.log_prefix or self.prefix}{self._levels()}.tsv"
 
     def pattern(self, results: str, part: str = "output") -> str:
         """The rule's pattern of `part` (output, log, benchmark), `{wildcard}`s left in."""
@@ -48,30 +81,24 @@ class JobKind:
         return f"{results}/{template}"
 
 
-def _kind(name, folder, log_name, benchmark=True, **kw) -> JobKind:
-    """A kind whose log and benchmark mirror its folder under logs/ and benchmarks/."""
-    return JobKind(name, kw.pop("record_kind", name), folder, f"logs/{log_name}.log",
-                   f"benchmarks/{log_name}.tsv" if benchmark else None, **kw)
-
-
 KINDS = {k.name: k for k in (
-    _kind("teacher", f"teachers/{MODELS}", f"teachers/{MODELS}", threads=2),
-    _kind("import", f"imports/{MODELS}", f"imports/{MODELS}", benchmark=False),
-    _kind("distill", f"distill/{MODELS}/{{operator}}/{{loss}}",
-          f"distill/{MODELS}/{{operator}}/{{loss}}"),
-    _kind("cell", CELL, CELL),
-    _kind("maps", f"maps/{MODELS}/{{model}}", f"maps/{MODELS}/{{model}}"),
-    _kind("corrupt", "robustness/corrupted/{dataset}", "robustness/corrupt/{dataset}",
-          benchmark=False, run="run"),
-    _kind("robustness_teacher", f"robustness/teachers/{MODELS}", f"robustness/teachers/{MODELS}",
-          benchmark=False, run="run", record_kind="robustness"),
-    _kind("robustness_cell", f"robustness/{CELL}", f"robustness/{CELL}", benchmark=False,
-          run="run", record_kind="robustness"),
-    _kind("scenes", "scenes", "scenes", benchmark=False, record_kind=None,
-          output="MANIFEST.json"),
-    _kind("dense", DENSE, DENSE),
+    JobKind("teacher", "teacher", "teachers", MODELS, ("teacher",), threads=2),
+    JobKind("import", "import", "imports", MODELS, benchmark_file=False),
+    JobKind("distill", "distill", "distill", (*MODELS, "operator", "loss"),
+            ("teacher", "distill")),
+    JobKind("cell", "cell", "cells", CELL, ALL_STAGES),
+    JobKind("maps", "maps", "maps", (*MODELS, "model"), ("teacher", "distill")),
+    JobKind("corrupt", "corrupt", "robustness/corrupted", ("dataset",),
+            log_prefix="robustness/corrupt", benchmark_file=False, run="run"),
+    JobKind("robustness_teacher", "robustness", "robustness/teachers", MODELS, ("teacher",),
+            benchmark_file=False, run="run"),
+    JobKind("robustness_cell", "robustness", "robustness/cells", CELL, ALL_STAGES,
+            benchmark_file=False, run="run"),
+    JobKind("scenes", None, "scenes", benchmark_file=False, output="MANIFEST.json"),
+    JobKind("dense", "dense", "dense", ("task", *MODELS, "backbone"), ALL_STAGES),
     # every core of the machine it runs on, counted there (a cluster job reads this file again)
-    _kind("bench", "bench", "bench", benchmark=False, run="run", threads=os.cpu_count() or 1),
+    JobKind("bench", "bench", "bench", benchmark_file=False, run="run",
+            threads=os.cpu_count() or 1),
 )}
 
 
@@ -89,6 +116,7 @@ class Job:
     inputs: list = field(default_factory=list)
     reads: dict = field(default_factory=dict)
     results: str = "results"
+    made: object = None               # what it makes in the grid's terms (grid.Cell, ...)
 
     def _path(self, template: str) -> str:
         return f"{self.results}/{template.format(**self.wildcards)}"

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from linvit.errors import ConfigError
 from linvit.workflow import dense_jobs as dj
 from linvit.workflow import grid as g
-from linvit.workflow.grid import Cell
-from linvit.workflow.jobs import KINDS, Job
+from linvit.workflow.axes import NONE, Axes
+from linvit.workflow.grid import Cell, Distillation, Model
+from linvit.workflow.jobs import KINDS, Job, JobKind
 
 SOFTMAX = "softmax"
 
@@ -18,22 +20,22 @@ class Plan:
     results: str
     cells: list[Cell]                 # the grid's cells (the tables'), without dense-only ones
     jobs: list[Job]
+    axes: Axes = Axes()
+    kinds: dict[str, JobKind] = field(default_factory=dict)   # KINDS bound to the grid's axes
+    distilled: list[Distillation] = field(default_factory=list)   # the grid's (the tables')
     _index: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         for job in self.jobs:
             self._index[self._key(job.kind.name, job.wildcards)] = job
 
-    @staticmethod
-    def _key(kind: str, wildcards) -> tuple:
-        return (kind, *(str(wildcards[f]) for f in KINDS[kind].fields))
+    def _key(self, kind: str, wildcards) -> tuple:
+        return (kind, *(str(wildcards[f]) for f in self.kinds[kind].wildcards))
 
     def find(self, kind: str, wildcards) -> Job:
         """The job of `kind` with these wildcards (a Snakemake Wildcards object or a dict)."""
-        from linvit.errors import ConfigError
-
         values = {f: getattr(wildcards, f, None) if not isinstance(wildcards, dict)
-                  else wildcards.get(f) for f in KINDS[kind].fields}
+                  else wildcards.get(f) for f in self.kinds[kind].wildcards}
         job = self._index.get(self._key(kind, values))
         if job is None:
             raise ConfigError(f"no {kind} job {values} in this grid: only the grid's own jobs "
@@ -43,37 +45,41 @@ class Plan:
     def of(self, *kinds: str) -> list[Job]:
         return [j for j in self.jobs if j.kind.name in kinds]
 
+    def pattern(self, kind: str, part: str = "output") -> str:
+        """A kind's output, log or benchmark pattern in this grid (its axes' levels in)."""
+        return self.kinds[kind].pattern(self.results, part)
+
+    def constraints(self) -> dict[str, str]:
+        """Each config axis's wildcard: one folder level."""
+        return {name: "[^/]+" for name in self.axes.names()}
+
     def collected(self) -> list[Job]:
         """The jobs whose records the tables read: teachers, then the distillations and cells of
         the grid (not those made for the dense sub-grid alone)."""
-        distilled = set(g.distillations(self.cells))
-        cells = set(self.cells)
+        distilled, cells = set(self.distilled), set(self.cells)
         return ([*self.of("teacher")]
-                + [j for j in self.of("distill") if _distill_tuple(j) in distilled]
-                + [j for j in self.of("cell") if Cell(**j.key) in cells])
-
-
-def _distill_tuple(job: Job) -> tuple:
-    k = job.key
-    return (k["dataset"], k["teacher"], k["size"], k["operator"], k["loss"])
+                + [j for j in self.of("distill") if j.made in distilled]
+                + [j for j in self.of("cell") if j.made in cells])
 
 
 def plan(config: dict) -> Plan:
     results = config.get("results", "results")
     cells = g.expand_grid(config)
-    jobs = Jobs(config, results)
+    axes = g.grid_axes(config)
+    jobs = Jobs(config, results, axes)
     for d, t, s in g.imports(config, cells):
         jobs.add_import(d, t, s)
-    for d, t, s in g.teachers(config, cells):
-        jobs.add_teacher(d, t, s)
+    for model in g.teachers(config, cells):
+        jobs.add_teacher(model)
     trained = cells + dj.dense_cells(config, cells)
-    for key in g.distillations(trained):
-        jobs.add_distill(*key)
+    for distillation in g.distillations(config, trained):
+        jobs.add_distill(distillation)
     for cell in trained:
         jobs.add_cell(cell)
     panel = g.attention_panel(config)
-    for model in g.attention_models(config, cells):
-        jobs.add_maps(*panel, model)
+    jobs.add_maps(panel, None)
+    for student in g.attention_students(config, cells):
+        jobs.add_maps(panel, student)
     if g.robustness_section(config):
         jobs.add_robustness(cells)
     if config.get("dense"):
@@ -84,84 +90,123 @@ def plan(config: dict) -> Plan:
         operators = config["bench"].get("operators") or registry_names("operator")
         jobs.add("bench", {}, "bench", {"stage": "bench"}, g.bench_overrides(config), "bench",
                  ("bench", operators))
-    return Plan(results, cells, jobs.made)
+    return Plan(results, cells, jobs.made, axes, jobs.kinds, g.distillations(config, cells))
 
 
 class Jobs:
     """Makes the jobs of one config, each from the jobs it reads (made before it)."""
 
-    def __init__(self, config: dict, results: str):
-        self.config, self.results, self.made = config, results, []
-        self._by = {}
+    def __init__(self, config: dict, results: str, axes: Axes):
+        self.config, self.results, self.axes, self.made = config, results, axes, []
+        self.kinds = {name: kind.bind(axes) for name, kind in KINDS.items()}
+        self._by: dict[tuple, Job] = {}
 
-    def add(self, kind, wildcards, stage, key, overrides, field_, code, inputs=(), reads=None):
-        job = Job(KINDS[kind], {k: str(v) for k, v in wildcards.items()}, stage, key, overrides,
-                  field_, code, list(inputs), reads or {}, self.results)
+    def add(self, kind, wildcards, stage, key, overrides, field_, code, inputs=(), reads=None,
+            made=None):
+        """A job; `made`: what it makes in the grid's terms (its Cell, Model, Distillation)."""
+        bound = self.kinds[kind]
+        job = Job(bound, {k: str(wildcards[k]) for k in bound.wildcards}, stage, key, overrides,
+                  field_, code, list(inputs), reads or {}, self.results, made)
+        index = (kind, *job.wildcards.values())
+        if index in self._by:
+            raise ConfigError(f"two {kind} jobs with one key, {key}: {self._by[index].field} "
+                              f"and {field_} both make {job.folder} (a grid makes each job once)")
         self.made.append(job)
-        self._by[(kind, *job.wildcards.values())] = job
+        self._by[index] = job
         return job
 
-    def get(self, kind: str, *values) -> Job:
-        return self._by[(kind, *map(str, values))]
+    def get(self, kind: str, wildcards: dict) -> Job:
+        return self._by[(kind, *(str(wildcards[f]) for f in self.kinds[kind].wildcards))]
 
     def dataset(self, name: str) -> str:
         """The dataset registry entry a grid dataset (a key of config["datasets"]) reads."""
         return self.config["datasets"][name]["dataset"]
 
+    def _with_axes(self, key: dict, combo, kind: str) -> dict:
+        """A key with the config axes of `kind` (from `combo`, `none` where it has none), the
+        seed kept last."""
+        values = dict(combo)
+        axes = {name: values.get(name, NONE) for name in self.kinds[kind].axes}
+        seed = {"seed": key["seed"]} if "seed" in key else {}
+        return {**{k: v for k, v in key.items() if k != "seed"}, **axes, **seed}
+
     def add_import(self, d, t, s):
-        self.add("import", dict(dataset=d, teacher=t, size=s), "import-teacher",
-                 dict(dataset=d, teacher=t, size=s), g.import_overrides(self.config, d, t),
+        key = dict(dataset=d, teacher=t, size=s)
+        self.add("import", key, "import-teacher", key, g.import_overrides(self.config, d, t),
                  f"teachers.{t}", ("import-teacher", [SOFTMAX], [], [self.dataset(d)]))
 
-    def add_teacher(self, d, t, s):
-        stage = g.teacher_stage(self.config, t, s)
-        source = {"probe": lambda: self.get("import", d, t, s),
-                  "select": lambda: self.get(
-                      "teacher", d, t, g.made_size(g.teacher_specs(self.config)[t], s)),
-                  }.get(stage, lambda: None)()
-        field_ = (f"teachers.{t}" if stage != "pretrain" or self.config.get("teachers")
-                  else "stages.teacher")
-        self.add("teacher", dict(dataset=d, teacher=t, size=s), stage,
-                 dict(dataset=d, teacher=t, size=s, stage=stage),
-                 g.teacher_overrides(self.config, d, t, s, source.model if source else None),
-                 field_, (stage, [SOFTMAX], [], [self.dataset(d)]),
-                 [source.output] if source else [], {"teacher": source.model} if source else {})
+    def teacher_of(self, model: Model) -> Job:
+        return self.get("teacher", self._with_axes(dict(zip(("dataset", "teacher", "size"),
+                                                            model)), model.axes, "teacher"))
 
-    def add_distill(self, d, t, s, op, loss):
-        teacher = self.get("teacher", d, t, s)
-        key = dict(dataset=d, teacher=t, size=s, operator=op, loss=loss)
+    def add_teacher(self, model: Model):
+        d, t, s = model[:3]
+        stage = g.teacher_stage(self.config, t, s)
+        made_at = model._replace(size=g.made_size(g.teacher_specs(self.config)[t], s))
+        source = {"probe": lambda: self.get("import", dict(dataset=d, teacher=t, size=s)),
+                  "select": lambda: self.teacher_of(made_at)}.get(stage, lambda: None)()
+        field_ = (f"teachers.{t}" if stage != "pretrain" or self.config.get("teachers")
+                  else "stages.teacher") + self.axes.describe(model.axes, "teacher")
+        wildcards = self._with_axes(dict(dataset=d, teacher=t, size=s), model.axes, "teacher")
+        key = self._with_axes(dict(dataset=d, teacher=t, size=s, stage=stage), model.axes,
+                              "teacher")
+        self.add("teacher", wildcards, stage, key,
+                 g.teacher_overrides(self.config, model, source.model if source else None),
+                 field_, (stage, [SOFTMAX], [], [self.dataset(d)]),
+                 [source.output] if source else [], {"teacher": source.model} if source else {},
+                 made=model)
+
+    def _distill_key(self, dist: Distillation) -> dict:
+        return self._with_axes(dict(dataset=dist.dataset, teacher=dist.teacher, size=dist.size,
+                                    operator=dist.operator, loss=dist.loss), dist.axes, "distill")
+
+    def distill_of(self, dist: Distillation) -> Job:
+        return self.get("distill", self._distill_key(dist))
+
+    def add_distill(self, dist: Distillation):
+        teacher = self.teacher_of(dist.model._replace(
+            axes=self.axes.project(dist.axes, ["teacher"])))
+        key = self._distill_key(dist)
         self.add("distill", key, "distill", key,
-                 g.distill_overrides(self.config, d, op, loss, teacher.model),
-                 f"stages.distill / losses.{loss}",
-                 ("distill", [SOFTMAX, op], list(self.config["losses"][loss]), [self.dataset(d)]),
-                 [teacher.output], {"teacher": teacher.model})
+                 g.distill_overrides(self.config, dist, teacher.model),
+                 f"stages.distill / losses.{dist.loss}" + self.axes.describe(dist.axes,
+                                                                             "distill"),
+                 ("distill", [SOFTMAX, dist.operator], list(self.config["losses"][dist.loss]),
+                  [self.dataset(dist.dataset)]),
+                 [teacher.output], {"teacher": teacher.model}, made=dist)
 
     def add_cell(self, c: Cell):
-        teacher = self.get("teacher", c.dataset, c.teacher, c.size)
-        distilled = (self.get("distill", c.dataset, c.teacher, c.size, c.operator, c.loss)
-                     if c.needs_distill else None)
+        teacher = self.teacher_of(g.model_of(self.config, c))
+        distilled = (self.distill_of(g.distillation_of(self.config, c)) if c.needs_distill
+                     else None)
         reads = {"teacher": teacher.model, **({"distilled": distilled.model} if distilled else {})}
         self.add("cell", c.as_dict(), "finetune", c.as_dict(),
                  g.finetune_overrides(self.config, c, teacher.model,
                                       distilled.model if distilled else None),
-                 "stages.finetune", ("finetune", [SOFTMAX, c.operator], [],
-                                     [self.dataset(c.dataset)]),
-                 [teacher.output] + ([distilled.output] if distilled else []), reads)
+                 "stages.finetune" + self.axes.describe(c.axes, "finetune"),
+                 ("finetune", [SOFTMAX, c.operator], [], [self.dataset(c.dataset)]),
+                 [teacher.output] + ([distilled.output] if distilled else []), reads, made=c)
 
-    def add_maps(self, d, t, s, model):
-        teacher = self.get("teacher", d, t, s)
-        student = (None if model == g.MAPS_TEACHER
-                   else self.get("distill", d, t, s, model, self.config["main_loss"]))
-        operator = SOFTMAX if student is None else model
-        reads = {"teacher": teacher.model, **({"model": student.model} if student else {})}
-        self.add("maps", dict(dataset=d, teacher=t, size=s, model=model), "attention-maps",
-                 dict(dataset=d, teacher=t, size=s, operator=operator,
-                      model="teacher" if student is None else "distilled"),
-                 g.maps_overrides(self.config, d, teacher.model,
-                                  student.model if student else None),
-                 "figures", ("attention-maps", [SOFTMAX] + ([model] if student else []), [],
-                             [self.dataset(d)]),
-                 [teacher.output] + ([student.output] if student else []), reads)
+    def add_maps(self, panel: Model, student: Distillation | None):
+        """The teacher's maps (student None) or a distilled student's, for the one figure."""
+        teacher = self.teacher_of(panel)
+        distilled = self.distill_of(student) if student else None
+        operator = student.operator if student else SOFTMAX
+        name = student.operator if student else g.MAPS_TEACHER
+        combo = student.axes if student else panel.axes
+        wildcards = self._with_axes(dict(zip(("dataset", "teacher", "size"), panel[:3]),
+                                         model=name), combo, "maps")
+        key = self._with_axes(dict(zip(("dataset", "teacher", "size"), panel[:3]),
+                                   operator=operator,
+                                   model="distilled" if student else "teacher"), combo, "maps")
+        reads = {"teacher": teacher.model, **({"model": distilled.model} if distilled else {})}
+        self.add("maps", wildcards, "attention-maps", key,
+                 g.maps_overrides(self.config, panel.dataset, teacher.model,
+                                  distilled.model if distilled else None),
+                 "figures", ("attention-maps", [SOFTMAX] + ([operator] if student else []), [],
+                             [self.dataset(panel.dataset)]),
+                 [teacher.output] + ([distilled.output] if distilled else []), reads,
+                 made=student or panel)
 
     def add_robustness(self, cells: list[Cell]):
         """The corrupted copies (once per dataset), then every teacher model and cell scored."""
@@ -170,23 +215,22 @@ class Jobs:
             corrupt[d] = self.add("corrupt", dict(dataset=d), "corrupt", dict(dataset=d),
                                   g.corrupt_overrides(self.config, d), "robustness.corruptions",
                                   ("corrupt", [], [], [self.dataset(d)]))
-        for job in self.of_kind("teacher") + [self.get("cell", *c.as_dict().values())
-                                             for c in cells]:
+        for job in self.of_kind("teacher") + [self.get("cell", c.as_dict()) for c in cells]:
             self._add_scored(job, corrupt.get(job.wildcards["dataset"]))
 
     def _add_scored(self, model: Job, corrupt: Job | None):
         is_cell = model.kind.name == "cell"
         w = model.wildcards
-        key = (model.key if is_cell else
-               dict(dataset=w["dataset"], teacher=w["teacher"], size=w["size"],
-                    operator=SOFTMAX, init="teacher", loss=g.NO_LOSS, seed=None))
+        key = (model.key if is_cell else self._with_axes(
+            dict(dataset=w["dataset"], teacher=w["teacher"], size=w["size"], operator=SOFTMAX,
+                 init="teacher", loss=g.NO_LOSS, seed=None), model.made.axes, "teacher"))
         corrupted = f"{corrupt.run_dir}/corrupted.safetensors" if corrupt else None
         reads = {"checkpoint": model.model, **({"corrupted": corrupted} if corrupt else {})}
         self.add("robustness_cell" if is_cell else "robustness_teacher", w, "robustness", key,
                  g.robustness_overrides(self.config, w["dataset"], model.model, corrupted),
                  "robustness", ("robustness", [key["operator"]], [],
                                 [self.dataset(w["dataset"])]),
-                 [model.output] + ([corrupt.output] if corrupt else []), reads)
+                 [model.output] + ([corrupt.output] if corrupt else []), reads, made=model.made)
 
     def of_kind(self, kind: str) -> list[Job]:
         return [j for j in self.made if j.kind.name == kind]
@@ -195,14 +239,19 @@ class Jobs:
         scenes = self.add("scenes", {}, "make-scenes", {}, dj.scenes_overrides(self.config),
                           "dense.scenes", ("make-scenes", [], [], ["fashion_mnist"]))
         for r in runs:
-            backbone = (self.get("teacher", r.dataset, r.teacher, r.size) if r.cell is None
-                        else self.get("cell", *r.cell.as_dict().values()))
+            backbone = (self.teacher_of(r.model) if r.cell is None
+                        else self.get("cell", r.cell.as_dict()))
             uses_scenes = dj.dense_uses_scenes(self.config, r.task)
             reads = {"checkpoint": backbone.model,
                      **({"data.root": scenes.run_dir} if uses_scenes else {})}
-            self.add("dense", dict(task=r.task, dataset=r.dataset, teacher=r.teacher,
-                                   size=r.size, backbone=r.backbone), r.task, r.key(),
+            combo = r.cell.axes if r.cell else r.model.axes
+            key = self._with_axes(r.key(), combo, "dense")
+            wildcards = self._with_axes(dict(task=r.task, dataset=r.model.dataset,
+                                             teacher=r.model.teacher, size=r.model.size,
+                                             backbone=r.backbone), combo, "dense")
+            self.add("dense", wildcards, r.task, key,
                      dj.dense_overrides(self.config, r, backbone.model, scenes.run_dir),
                      f"dense.stages.{r.task}",
-                     (r.task, [SOFTMAX, r.key()["operator"]], [], [self.dataset(r.dataset)]),
-                     [backbone.output] + ([scenes.output] if uses_scenes else []), reads)
+                     (r.task, [SOFTMAX, key["operator"]], [], [self.dataset(r.model.dataset)]),
+                     [backbone.output] + ([scenes.output] if uses_scenes else []), reads,
+                     made=r)
