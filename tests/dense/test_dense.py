@@ -432,6 +432,7 @@ def test_dense_gaps_pair_each_strategy_with_the_random_student_seed_by_seed(tmp_
 
     from linvit.dense.tasks import TASKS
     from linvit.report.dense import GAP_CAPTION, dense_gaps, write_dense
+    from linvit.report.grid import Grid
 
     columns = [(name, metric) for name, task in TASKS.items() for metric in task.headline]
     rows = []
@@ -450,7 +451,8 @@ def test_dense_gaps_pair_each_strategy_with_the_random_student_seed_by_seed(tmp_
     results["dataset"] = results["dataset"].fillna("fashion_mnist")
     results.loc[(results["seed"] == 2) & (results["init"] == "random"), "status"] = "failed"
     orders = {"init": ["random", "copy_mlp+distill"], "operator": ["linear"]}
-    gaps = dense_gaps(results, orders, columns)
+    grid = Grid([], "out", orders, [], [], [list(c) for c in columns])
+    gaps = dense_gaps(results, grid, columns)
     assert list(gaps.index) == [("fashion_mnist", "pretrain", "cpu96", "linear", gain)
                                 for gain in ("copy_mlp+distill - random",
                                              "softmax teacher - random")]
@@ -460,13 +462,12 @@ def test_dense_gaps_pair_each_strategy_with_the_random_student_seed_by_seed(tmp_
     assert gaps.iloc[0]["mask AP"] == "missing"
     # the teacher (40, 41) against random (10, 12): +30, +29; not the other dataset's teacher
     assert gaps.iloc[1]["mIoU"] == "+29.50 ± 6.35 (seed 0: +30.00, seed 1: +29.00)"
-    write_dense(results, orders, tmp_path / "tables", tmp_path / "figures", tmp_path / "dense.md",
-                columns)
+    write_dense(results, grid, tmp_path / "tables", tmp_path / "figures", tmp_path / "dense.md")
     assert "seed 1: +1.00" in (tmp_path / "dense.md").read_text()
     assert (tmp_path / "tables" / "dense_gaps.csv").is_file()
     # no random-init student: an empty table, and no section
     alone = results[results["init"] != "random"]
-    assert dense_gaps(alone, orders, columns).empty
-    write_dense(alone, orders, tmp_path / "t2", tmp_path / "f2", tmp_path / "d2.md", columns)
+    assert dense_gaps(alone, grid, columns).empty
+    write_dense(alone, grid, tmp_path / "t2", tmp_path / "f2", tmp_path / "d2.md")
     assert GAP_CAPTION not in (tmp_path / "d2.md").read_text()
     assert (tmp_path / "t2" / "dense_gaps.md").is_file()

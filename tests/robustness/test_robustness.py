@@ -258,6 +258,7 @@ def robustness_record(key, status="ok", clean=80.0, subset=82.0, sets=None, shif
 
 
 def test_report_table_has_the_teacher_first_differences_to_it_and_missing_cells(tmp_path):
+    from linvit.report.grid import Grid
     from linvit.report.robustness import write_robustness
     cell = {"dataset": "d", "size": "s", "operator": "linear", "init": "random", "loss": "none"}
     cells = [{**cell, "seed": 0}, {**cell, "seed": 1}, {**cell, "init": "copy_mlp", "seed": 0}]
@@ -269,9 +270,8 @@ def test_report_table_has_the_teacher_first_differences_to_it_and_missing_cells(
                                           "gaussian_noise": {"1": 40.0, "5": 10.0}}),
         robustness_record(cells[1], sets={"contrast": {"1": 52.0, "5": 22.0},
                                           "gaussian_noise": {"1": 42.0, "5": 12.0}})]
-    grid = {"cells": cells, "main_loss": "out",
-            "orders": {"init": ["random", "copy_mlp"], "operator": ["linear", "softmax"],
-                       "loss": ["none", "out"]}}
+    grid = Grid(cells, "out", {"init": ["random", "copy_mlp"], "operator": ["linear", "softmax"],
+                               "loss": ["none", "out"]}, [])
     table = write_robustness(records, grid, tmp_path, tmp_path, tmp_path / "robustness.md")
     rows = {idx[-1]: row for idx, row in zip(table.index, table.to_dict("records"))}
     assert list(rows) == ["softmax teacher", "linear random", "linear copy_mlp"]

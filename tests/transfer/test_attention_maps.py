@@ -235,5 +235,5 @@ def test_collection_tolerates_a_maps_record(runs, tmp_path):
     from linvit.report.collect import collect
 
     record = json.loads(maps_record(runs["linear"], tmp_path / "m.json").read_text())
-    paths = collect([record], [], tmp_path)
+    paths = collect([record], None, tmp_path)
     assert pd.read_csv(paths["results"])["kind"].tolist() == ["maps"]

@@ -115,7 +115,7 @@ def test_select_stage_writes_a_teacher_that_strategies_take(tmp_path, mnist_root
 def test_a_selected_teacher_keeps_the_state_of_its_head(tmp_path, mnist_root, head):
     """A self-supervised teacher's new head stays marked untrained through selection, so logit
     KD against it is refused after select as it is before."""
-    from linvit.models.checkpoint import head_state
+    from linvit.models.checkpoint import ModelFile
     from linvit.models.tensor_files import HEAD_KEY
 
     big = tmp_path / "big.safetensors"
@@ -123,7 +123,7 @@ def test_a_selected_teacher_keeps_the_state_of_its_head(tmp_path, mnist_root, he
     out = tmp_path / "selected"
     assert cli.main(["select", "-o", str(out), f"teacher={big}", "size=cpu96",
                      f"data.root={mnist_root}"]) == 0
-    assert head_state(out / "model.safetensors") == head_state(big) == head
+    assert ModelFile(out / "model.safetensors").head == ModelFile(big).head == head
     kd = ["finetune", "-o", str(tmp_path / "kd"), f"teacher={out}/model.safetensors",
           "init.strategy=copy_mlp", "model.operator=linear", "kd.weight=0.5",
           f"data.root={mnist_root}", "optim.epochs=1", "data.train_subset=64",

@@ -11,7 +11,7 @@ import torch
 from linvit import cli
 from linvit.io import read_json, sha256_file
 from linvit.models import ModelSpec, load_model, save_model
-from linvit.models.checkpoint import head_state, read_metadata
+from linvit.models.checkpoint import ModelFile, read_metadata
 from linvit.models.tensor_files import HEAD_KEY, ORIGIN_KEY
 
 from conftest import make_model, perturb
@@ -59,7 +59,7 @@ def test_self_supervised_layouts_import_their_backbone_tensor_for_tensor(
     out = tmp_path / "teacher"
     assert cli.main(import_args(out, file, layout, mnist_root, "headless=true")) == 0
     model = load_model(out / "model.safetensors")
-    assert model.spec.num_classes == 0 and head_state(out / "model.safetensors") == "none"
+    assert model.spec.num_classes == 0 and ModelFile(out / "model.safetensors").head == "none"
     state = model.state_dict()
     assert set(state) == set(backbone)
     assert all(torch.equal(state[k], backbone[k]) for k in backbone)     # not the momentum copy
@@ -96,7 +96,7 @@ def test_probe_trains_a_head_and_only_then_logit_kd_is_allowed(tmp_path, mnist_r
     imported = tmp_path / "imported"
     assert cli.main(import_args(imported, file, "mocov3", mnist_root, "reset_head=true")) == 0
     teacher = imported / "model.safetensors"
-    assert head_state(teacher) == "new"
+    assert ModelFile(teacher).head == "new"
     student = ["finetune", "-o", str(tmp_path / "cell"), f"teacher={teacher}",
                "init.strategy=copy_mlp", "model.operator=linear", f"data.root={mnist_root}",
                "optim.epochs=1", "optim.warmup_epochs=0", "data.batch_size=64",
@@ -114,7 +114,7 @@ def test_probe_trains_a_head_and_only_then_logit_kd_is_allowed(tmp_path, mnist_r
     after = model.state_dict()
     assert all(torch.equal(after[k], before[k]) for k in before if not k.startswith("head."))
     assert not torch.equal(after["head.weight"], before["head.weight"])  # linear probe: head only
-    assert head_state(probed / "model.safetensors") == "trained"
+    assert ModelFile(probed / "model.safetensors").head == "trained"
     student[3] = f"teacher={probed}/model.safetensors"
     assert cli.main([*student, "kd.weight=0.5"]) == 0
 
@@ -156,7 +156,7 @@ TEACHER_STAGES = {   # every stage that reads a teacher, with what else it needs
 ])
 def test_every_stage_refuses_a_teacher_that_is_not_a_plain_softmax_model(
         tmp_path, mnist_root, capsys, stage, teacher, why):
-    """One teacher check (models.checkpoint.check_teacher) serves every stage: a student of
+    """One teacher check (ModelFile.check_teacher) serves every stage: a student of
     another operator, or a softmax file with a tensor too many, teaches nothing."""
     from linvit.models.tensor_files import load_tensors, save_tensors
 
@@ -206,7 +206,7 @@ def test_a_derived_model_carries_its_head_state_and_origin(tmp_path, mnist_root,
     out = tmp_path / "out"
     assert cli.main([stage, "-o", str(out), f"teacher={teacher}", f"data.root={mnist_root}",
                      "data.test_subset=64", *args, *short]) == 0
-    assert head_state(out / "model.safetensors") == expected
+    assert ModelFile(out / "model.safetensors").head == expected
     assert json.loads(read_metadata(out / "model.safetensors")[ORIGIN_KEY]) == origin
 
 
@@ -218,4 +218,4 @@ def test_a_copied_head_keeps_its_source_s_state_and_a_new_one_is_new(tmp_path, m
         assert cli.main(["init", "-o", str(out), f"teacher={teacher}", f"data.root={mnist_root}",
                          "data.test_subset=64", "model.operator=linear",
                          f"init.strategy={strategy}"]) == 0
-        assert head_state(out / "model.safetensors") == expected, strategy
+        assert ModelFile(out / "model.safetensors").head == expected, strategy

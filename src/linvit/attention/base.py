@@ -31,12 +31,12 @@ from torch import nn
 SHARED_SUBMODULES = ("qkv", "q_norm", "k_norm", "norm", "proj")
 # A depthwise conv padded by k // 2 keeps the grid only for odd k.
 ODD_KERNEL = (lambda k: k > 0 and k % 2 == 1, "a positive odd integer")
-# What an operator's `attention_map` is. Map-level losses (cross-entropy against the teacher's
-# softmax rows) are defined only for "stochastic" maps; the others are refused before compute.
 # The operator families linear ViTs are built from (the README's table groups them so; `linvit
 # bench` sets its goals per family).
 FAMILIES = ("softmax", "feature map", "gated", "state space", "delta rule", "test-time training")
 
+# What an operator's `attention_map` is. Map-level losses (cross-entropy against the teacher's
+# softmax rows) are defined only for "stochastic" maps; the others are refused before compute.
 MAP_KINDS = {
     "stochastic": "exact, every row non-negative and summing to 1",
     "signed": "exact (global_mix == map @ V) but signed or not row-normalised",

@@ -20,16 +20,16 @@ log = logging.getLogger("linvit")
 def run_dense(name: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
     from linvit.data import get_dataset
     from linvit.dense.scenes import verify_scenes
-    from linvit.models import SIZES, read_spec, read_state_dict
-    from linvit.models.attention_copy import MAPS_KEY
-    from linvit.models.checkpoint import read_metadata
+    from linvit.models import SIZES
+    from linvit.models.checkpoint import ModelFile
 
     task = TASKS[name]
     if cfg.data.kind not in ("scenes", task.real_kind):
         raise ConfigError(f"data.kind: {cfg.data.kind!r} does not fit {name} (scenes or "
                           f"{task.real_kind})")
     check_folder(cfg.data)
-    spec = read_spec(cfg.checkpoint)
+    backbone = ModelFile(cfg.checkpoint)
+    spec = backbone.spec
     if cfg.model.neck == "adapter":
         check_adapter(cfg.model.adapter, SIZES[spec.size])
     run = prepare_run(cfg, out, name, replace)
@@ -39,8 +39,8 @@ def run_dense(name: str, cfg: DenseConfig, out, replace: bool = False) -> dict:
     seed_everything(cfg.run.seed)
     if cfg.data.kind == "scenes":
         verify_scenes(cfg.data.root)
-    read_state_dict(cfg.checkpoint)                             # its checksum, before any write
-    if MAPS_KEY in read_metadata(cfg.checkpoint):
+    backbone.state  # noqa: B018 (read: its checksum checked, before any write)
+    if backbone.maps_teacher is not None:
         raise ConfigError(f"checkpoint: {cfg.checkpoint} runs on its teacher's attention maps "
                           "(attention transfer, copy mode): it has no attention of its own to "
                           "put under a dense head")

@@ -3,6 +3,7 @@ format and its checksum), strict loading with a report, the head's state, and re
 from its file."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -68,70 +69,104 @@ def read_metadata(path: str | Path) -> dict:
                               f"({e}); regenerate it") from None
 
 
-def head_state(path: str | Path) -> str:
-    """Whether a model file's classifier is trained: "new" or "none" for imported teachers whose
-    checkpoint had no usable head (until a stage trains one), else "trained"."""
-    raw = read_metadata(path).get(HEAD_KEY)
-    return json.loads(raw) if raw else "trained"
+class ModelFile:
+    """One linvit model file, opened once by a stage: its header's metadata read on opening, its
+    spec, head state and provenance read from that, its tensors read (and checked against their
+    checksum) the first time they are asked for, then kept. A stage passes it along instead of
+    the path, so that each check does not read the file again."""
 
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.metadata = read_metadata(self.path)
 
-def check_teacher(path: str | Path, field: str = "teacher") -> ModelSpec:
-    """The one check of a teacher, for every stage that reads one: a linvit softmax model whose
-    tensors are exactly a softmax model's of its spec (no extra or missing tensor), standing on
-    its own (not a student driven by another teacher's maps). Returns its spec."""
-    spec = read_spec(path)
-    if spec.operator != "softmax":
-        raise CheckpointError(f"{field}: {path} is a {spec.operator} model; a teacher is a "
-                              "softmax ViT")
-    if MAPS_KEY in read_metadata(path):
-        raise CheckpointError(f"{field}: {path} runs on its own teacher's attention maps "
-                              "(attention transfer, copy mode); it cannot teach attention")
-    # the layout from the file's header: the stage's own load reads (and verifies) the tensors
-    report = mismatch_report(create_vit(spec), tensor_shapes(path))
-    problems = [f"{kind}: {', '.join(keys[:5])}" for kind, keys in report.items() if keys]
-    if problems:
-        raise CheckpointError(f"{field}: {path} is not a softmax {spec.size} model "
-                              f"({'; '.join(problems)})")
-    return spec
+    def __str__(self) -> str:
+        return str(self.path)
 
+    def _json(self, key: str):
+        raw = self.metadata.get(key)
+        return None if raw is None else json.loads(raw)
 
-def carried_metadata(path: str | Path, head: bool = True) -> dict:
-    """What a model made from the model file at `path` (a selection, a distillation) must say of
-    it, for the stages after it to check: the state of its head (unless the stage trained its
-    own), and the foreign weights it descends from, when it was imported (source, digest,
-    layout), so a model's provenance travels with it through every stage."""
-    raw = read_metadata(path).get(ORIGIN_KEY)
-    return ({HEAD_KEY: head_state(path)} if head else {}) | (
-        {ORIGIN_KEY: json.loads(raw)} if raw else {})
+    @functools.cached_property
+    def spec(self) -> ModelSpec:
+        """The ModelSpec the file carries, checked field by field."""
+        raw = self.metadata.get(SPEC_KEY)
+        if raw is None:
+            raise CheckpointError(f"{self.path}: no linvit model spec in its metadata; import "
+                                  "foreign weights with `linvit import-teacher` first")
+        try:
+            spec = ModelSpec.from_dict(json.loads(raw))
+            spec.check()
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(f"{self.path}: its linvit model spec is not valid ({e})") \
+                from None
+        return spec
+
+    @property
+    def head(self) -> str:
+        """Whether its classifier is trained: "new" or "none" for imported teachers whose
+        checkpoint had no usable head (until a stage trains one), else "trained"."""
+        return self._json(HEAD_KEY) or "trained"
+
+    @property
+    def maps_teacher(self) -> str | None:
+        """The teacher whose attention maps drive it (attention transfer, copy mode), if any."""
+        return self._json(MAPS_KEY)
+
+    @functools.cached_property
+    def state(self) -> dict[str, torch.Tensor]:
+        """Its tensors, read once."""
+        return read_state_dict(self.path)
+
+    def carried(self, head: bool = True) -> dict:
+        """What a model made from this one (a selection, a distillation) must say of it, for the
+        stages after it to check: the state of its head (unless the stage trained its own), and
+        the foreign weights it descends from, when it was imported (source, digest, layout), so
+        a model's provenance travels with it through every stage."""
+        origin = self._json(ORIGIN_KEY)
+        return ({HEAD_KEY: self.head} if head else {}) | (
+            {ORIGIN_KEY: origin} if origin else {})
+
+    def check_teacher(self, field: str = "teacher") -> ModelSpec:
+        """The one check of a teacher, for every stage that reads one: a linvit softmax model
+        whose tensors are exactly a softmax model's of its spec (no extra or missing tensor),
+        standing on its own (not a student driven by another teacher's maps). Returns its
+        spec."""
+        spec = self.spec
+        if spec.operator != "softmax":
+            raise CheckpointError(f"{field}: {self.path} is a {spec.operator} model; a teacher "
+                                  "is a softmax ViT")
+        if self.maps_teacher is not None:
+            raise CheckpointError(f"{field}: {self.path} runs on its own teacher's attention "
+                                  "maps (attention transfer, copy mode); it cannot teach "
+                                  "attention")
+        # the layout from the file's header: the stage's own load reads (and verifies) tensors
+        report = mismatch_report(create_vit(spec), tensor_shapes(self.path))
+        problems = [f"{kind}: {', '.join(keys[:5])}" for kind, keys in report.items() if keys]
+        if problems:
+            raise CheckpointError(f"{field}: {self.path} is not a softmax {spec.size} model "
+                                  f"({'; '.join(problems)})")
+        return spec
+
+    def load(self) -> LinvitViT:
+        """The model rebuilt (and, for a student trained on its teacher's attention maps, that
+        teacher, which its metadata names)."""
+        model = create_vit(self.spec)
+        load_strict(model, self.state, str(self.path))
+        teacher = self.maps_teacher
+        if teacher is None:
+            return model
+        if not Path(teacher).is_file():
+            raise CheckpointError(f"{self.path}: its attention maps come from its teacher "
+                                  f"{teacher} (attention transfer, copy mode), which is not "
+                                  "found; it cannot run without it")
+        return drive_with_teacher(model, load_model(teacher))
 
 
 def read_spec(path: str | Path) -> ModelSpec:
-    """The ModelSpec a linvit model file carries, checked field by field (no tensor is read)."""
-    raw = read_metadata(path).get(SPEC_KEY)
-    if raw is None:
-        raise CheckpointError(f"{path}: no linvit model spec in its metadata; import foreign "
-                              "weights with `linvit import-teacher` first")
-    try:
-        spec = ModelSpec.from_dict(json.loads(raw))
-        spec.check()
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{path}: its linvit model spec is not valid ({e})") from None
-    return spec
+    """The ModelSpec a linvit model file carries (no tensor is read): ModelFile(path).spec."""
+    return ModelFile(path).spec
 
 
 def load_model(path: str | Path) -> LinvitViT:
-    """Rebuild a model from a linvit checkpoint (and, for a student trained on its teacher's
-    attention maps, that teacher, which its metadata names)."""
-    model = create_vit(read_spec(path))
-    load_strict(model, read_state_dict(path), str(path))
-    teacher = read_metadata(path).get(MAPS_KEY)
-    if teacher is None:
-        return model
-    teacher = json.loads(teacher)
-    if not Path(teacher).is_file():
-        raise CheckpointError(f"{path}: its attention maps come from its teacher {teacher} "
-                              "(attention transfer, copy mode), which is not found; it cannot "
-                              "run without it")
-    return drive_with_teacher(model, load_model(teacher))
-
-
+    """Rebuild a model from a linvit checkpoint: ModelFile(path).load()."""
+    return ModelFile(path).load()

@@ -9,7 +9,7 @@ derivatives, the normaliser). The kernel works on blocks of rows while they sit 
 docs/2026-12-05-cpp-linear-attention.md. Same formulas as fused_torch.py, held to the einsum
 reference by tests/ops/test_kernels.py.
 
-Building: torch.utils.cpp_extension compiles it once (about 10 s) into
+Building: torch.utils.cpp_extension compiles it once (about 20 s on 2 cores) into
 `$LINVIT_CACHE/cpp/<key>` (default ~/.cache/linvit), the key covering the source, torch, Python
 and the CPU (it is compiled for the CPU it runs on); `./scripts/setup.sh` builds it ahead. It
 needs a C++ compiler with OpenMP and the BLAS that torch's wheels export (MKL on x86). Where it

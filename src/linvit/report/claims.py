@@ -29,6 +29,10 @@ from linvit.report.grid import Grid
 
 SOFTMAX = "softmax"          # the softmax reference fine-tuned like the students (copy_all)
 MAX_SEEDS = 100              # beyond this an estimate says "more than"
+# The verdicts, and the count columns of a pooled row (a verdict with "_" for its spaces)
+HOLDS, NOT_HOLD, UNDECIDED, NOT_TESTED = "holds", "does not hold", "undecided", "not tested"
+VERDICTS = (HOLDS, NOT_HOLD, UNDECIDED)
+COUNTS = tuple(v.replace(" ", "_") for v in VERDICTS)
 # "Closes the gap" and "matches" are non-inferiority claims: they hold when the recipe is no
 # more than MARGIN top-1 points below the reference (a test of "better than" could never confirm
 # an exact match). Fixed before any study ran; stated in the report.
@@ -116,15 +120,15 @@ def estimate(values: list[float], threshold: float, unit: str = "seeds") -> Esti
     n = len(values)
     mean = sum(values) / n
     if n < 2:
-        return Estimate(tuple(values), mean, None, "undecided",
+        return Estimate(tuple(values), mean, None, UNDECIDED,
                         f"1 {unit[:-1]} cannot decide: its spread is unknown")
     sd = statistics.stdev(values)
     half = t95(n - 1) * sd / math.sqrt(n)
     if mean - half > threshold:
-        return Estimate(tuple(values), mean, half, "holds", "")
+        return Estimate(tuple(values), mean, half, HOLDS, "")
     if mean + half < threshold:
-        return Estimate(tuple(values), mean, half, "does not hold", "")
-    return Estimate(tuple(values), mean, half, "undecided",
+        return Estimate(tuple(values), mean, half, NOT_HOLD, "")
+    return Estimate(tuple(values), mean, half, UNDECIDED,
                     seeds_to_decide(mean, sd, threshold, n, unit))
 
 
@@ -195,7 +199,7 @@ def verdicts(results: pd.DataFrame, grid: Grid) -> list[Verdict]:
                 out.append(Verdict(claim, dict(zip(grid.student, key)), found[-1], per_seed, {}))
         if found:
             counts = {v: sum(x.verdict == v for x in found)
-                      for v in ("holds", "does not hold", "undecided")}
+                      for v in VERDICTS}
             label = f"pooled ({len(found)} student{'s' * (len(found) > 1)})"
             out.append(Verdict(claim, {"operator": label}, pooled(claim, found), {}, counts))
     return out
@@ -220,18 +224,17 @@ def claims_frame(results: pd.DataFrame, grid: Grid) -> pd.DataFrame:
                      "ci_low": None if low is None else round(low, 4),
                      "ci_high": None if high is None else round(high, 4),
                      "verdict": v.estimate.verdict, "to_decide": v.estimate.seeds_needed,
-                     **{k.replace(" ", "_"): v.counts.get(k)
-                        for k in ("holds", "does not hold", "undecided")}})
+                     **{c: v.counts.get(k) for k, c in zip(VERDICTS, COUNTS)}})
     for claim in untested(found):
         rows.append({"claim": claim.name, "contrast": f"{claim.contrast} > {claim.threshold:g}",
                      **{k: "" for k in student}, "n": 0, "per_seed": "", "mean": None,
-                     "ci_low": None, "ci_high": None, "verdict": "not tested",
+                     "ci_low": None, "ci_high": None, "verdict": NOT_TESTED,
                      "to_decide": "needs " + ", ".join(claim.needs) + " on one student: not "
                                   "in this grid, or failed"})
     frame = pd.DataFrame(rows, columns=["claim", "contrast", *student, "n", "per_seed", "mean",
-                                        "ci_low", "ci_high", "verdict", "to_decide", "holds",
-                                        "does_not_hold", "undecided"])
-    for col in ("holds", "does_not_hold", "undecided"):
+                                        "ci_low", "ci_high", "verdict", "to_decide",
+                                        *COUNTS])
+    for col in COUNTS:
         frame[col] = frame[col].astype("Int64")
     return frame
 
@@ -262,4 +265,4 @@ def claims_markdown(frame: pd.DataFrame, grid: Grid) -> str:
 
 
 def _bold(verdict: str) -> str:
-    return verdict if verdict == "holds" else f"**{verdict}**"
+    return verdict if verdict == HOLDS else f"**{verdict}**"

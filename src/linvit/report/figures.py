@@ -136,8 +136,8 @@ def claims_figure(results: pd.DataFrame, grid: Grid, out: Path) -> None:
             err = None if e.half_width is None else [[e.half_width], [e.half_width]]
             ax.errorbar([x], [e.mean], yerr=err, fmt="D" if v.is_pooled else "s", ms=6,
                         color=color, capsize=4)
-            shown = ["dataset", "size", *grid.varying()]
-            where = "/".join(str(v.where[k]) for k in shown if k in v.where)
+            where = "/".join([str(v.where[k]) for k in ("dataset", "size") if k in v.where]
+                             + [f"{k}={v.where[k]}" for k in grid.varying() if k in v.where])
             labels.append("pooled" if v.is_pooled else
                           f"{v.where['operator']}\n{where}" if several else v.where["operator"])
         ax.axhline(claim.threshold, color="grey", ls="--", lw=1)

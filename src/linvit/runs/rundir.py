@@ -39,9 +39,9 @@ from linvit.stages import STAGES
 from linvit.trees import non_finite
 
 MARKER = ".linvit-run"
+# Every run folder's own files; each stage's outputs (checksummed in metrics.json) and scratch
+# files are in its entry of linvit.stages.STAGES.
 COMMON = ("config.yaml", "run.log", "metrics.json")
-# Per stage: (outputs that a complete run must hold, other files the run writes). Outputs that
-# are files are checksummed in metrics.json; folders must exist.
 # Fields that do not change results, so a rerun may differ in them.
 VOLATILE = {("run", "progress"), ("run", "threads"), ("data", "workers")}
 

@@ -72,7 +72,7 @@ def run_import(cfg: ImportConfig, out, replace: bool = False) -> dict:
     if report.get("dropped"):
         log.info("dropped from the checkpoint (%s layout): %s", cfg.layout,
                  ", ".join(report["dropped"][:10]))
-    # its origin travels to every model made from it (models.checkpoint.carried_metadata)
+    # its origin travels to every model made from it (models.checkpoint.ModelFile.carried)
     origin = {"source": Path(cfg.file).name if cfg.file else report["source"],
               **{k: report[k] for k in ("sha256", "layout") if k in report}}
     save_model(model, run.model, metadata={HEAD: report["head"], ORIGIN: origin})
@@ -83,19 +83,19 @@ def run_probe(cfg, out, replace: bool = False) -> dict:
     """The teacher's backbone with a new head for the dataset's classes, trained alone (linear
     probe: every other tensor frozen) or with the rest (fine-tune). Its model file's head counts
     as trained, so logit KD may use it."""
-    from linvit.models import read_spec, read_state_dict
-    from linvit.models.checkpoint import carried_metadata, mismatch_report
+    from linvit.models.checkpoint import ModelFile, mismatch_report
 
     rt, run = start_run(cfg, out, "probe", replace)
     if run.finished:
         return completed_metrics(run)
     info, train_loader, test_loader, batch_aug = training_loaders(cfg, rt)
-    teacher = read_spec(cfg.teacher)
+    source = ModelFile(cfg.teacher)
+    teacher = source.spec
     spec = ModelSpec(teacher.size, teacher.operator, info.num_classes, info.img_size,
                      info.in_chans, dict(teacher.operator_options))
     check_model_fits(spec, info, cfg.data.dataset)
     model = create_vit(spec)
-    backbone = {k: v for k, v in read_state_dict(cfg.teacher).items()
+    backbone = {k: v for k, v in source.state.items()
                 if not k.startswith("head.")}
     report = mismatch_report(model, backbone)
     report["missing"] = [k for k in report["missing"] if not k.startswith("head.")]
@@ -115,4 +115,4 @@ def run_probe(cfg, out, replace: bool = False) -> dict:
                   eval_every=cfg.run.eval_every, batch_aug=batch_aug, ema=ema,
                   evaluate_ema=score)
     return finish_training(run, rt, model, history, {"mode": cfg.mode, "teacher": cfg.teacher},
-                           carried_metadata(cfg.teacher, head=False), ema=ema)
+                           source.carried(head=False), ema=ema)

@@ -18,7 +18,7 @@ import torch
 from linvit.data import get_dataset
 from linvit.errors import ConfigError
 from linvit.models import load_model
-from linvit.models.checkpoint import check_teacher
+from linvit.models.checkpoint import ModelFile
 from linvit.models.tensor_files import save_tensors
 from linvit.runs.stage import completed_metrics, start_run
 from linvit.transfer.config import MapsConfig
@@ -93,8 +93,9 @@ def run_attention_maps(cfg: MapsConfig, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "attention-maps", replace)
     if run.finished:
         return completed_metrics(run)
-    check_teacher(cfg.teacher)
-    teacher = load_model(cfg.teacher).eval()
+    source = ModelFile(cfg.teacher)
+    source.check_teacher()
+    teacher = source.load().eval()
     model = teacher if cfg.model is None else load_model(cfg.model).eval()
     layers = resolve_layers(cfg.layers, len(teacher.blocks))
     images = first_test_images(cfg.data, cfg.images)

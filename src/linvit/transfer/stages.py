@@ -16,9 +16,9 @@ import torch
 
 from linvit.errors import ConfigError
 from linvit.io import write_json
-from linvit.models import ModelSpec, create_vit, load_model, read_spec, read_state_dict, save_model
+from linvit.models import ModelSpec, create_vit, save_model
 from linvit.models.attention_copy import MAPS_KEY
-from linvit.models.checkpoint import carried_metadata, check_teacher, head_state
+from linvit.models.checkpoint import ModelFile
 from linvit.models.tensor_files import HEAD_KEY
 from linvit.runs.evaluation import evaluate, make_loaders
 from linvit.runs.stage import completed_metrics, start_run
@@ -50,26 +50,26 @@ def student_spec(cfg, teacher_spec: ModelSpec, info) -> ModelSpec:
                      dict(cfg.model.operator_options), cfg.model.drop_path)
 
 
-def check_distilled(path: str, spec: ModelSpec) -> None:
-    d = read_spec(path)
+def check_distilled(distilled: ModelFile, spec: ModelSpec) -> None:
+    d = distilled.spec
     theirs = (d.size, d.operator, d.operator_options)
     ours = (spec.size, spec.operator, spec.operator_options)
     if theirs != ours:
-        raise ConfigError(f"distilled: {path} holds (size, operator, options) {theirs}, "
+        raise ConfigError(f"distilled: {distilled} holds (size, operator, options) {theirs}, "
                           f"the student is {ours}")
 
 
-def check_kd_teacher(teacher_path: str, info, what: str) -> None:
+def check_kd_teacher(teacher: ModelFile, info, what: str) -> None:
     """Logit KD compares the student's logits with the teacher's: the teacher needs a trained
     head (not a self-supervised backbone's missing or new one), on the dataset's classes."""
-    head = head_state(teacher_path)
+    head = teacher.head
     if head != "trained":
-        raise ConfigError(f"{what}: the teacher {teacher_path} has "
+        raise ConfigError(f"{what}: the teacher {teacher} has "
                           f"{'no head' if head == 'none' else 'an untrained, new head'} "
                           "(imported from a checkpoint without a classifier), so it has no "
                           "logits to distil; train its head first (linvit probe), or set the "
                           "weight to 0")
-    teacher_classes = read_spec(teacher_path).num_classes
+    teacher_classes = teacher.spec.num_classes
     if teacher_classes != info.num_classes:
         raise ConfigError(f"{what}: the teacher has {teacher_classes} classes, the dataset "
                           f"{info.num_classes}; logit KD needs the same classes (set the weight "
@@ -87,15 +87,16 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     if run.finished:
         return completed_metrics(run)
     info, train_loader, test_loader, batch_aug = training_loaders(cfg, rt)
-    check_teacher(cfg.teacher)
-    teacher = load_model(cfg.teacher)
+    files = {"teacher": ModelFile(cfg.teacher)}         # read once, for every check and copy
+    files["teacher"].check_teacher()
+    teacher = files["teacher"].load()
     if cfg.distill.losses.get("logit_kd"):
-        check_kd_teacher(cfg.teacher, info, "distill.losses.logit_kd")
+        check_kd_teacher(files["teacher"], info, "distill.losses.logit_kd")
     spec = student_spec(cfg, teacher.spec, info)
     torch.manual_seed(cfg.run.seed)
     student = create_vit(spec)
     record = apply_init(student, distill_student_strategy(cfg.distill.attn_init),
-                        read_state_dict(cfg.teacher))
+                        files["teacher"].state)
     record["sources"] = {"teacher": cfg.teacher}
     trainable = freeze_except(student, cfg.distill.train)
     objective = DistillObjective(student, teacher, cfg.distill.losses, cfg.distill.layers,
@@ -127,45 +128,47 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
                            {"init": init_eval, "losses": cfg.distill.losses,
                             "trained_groups": cfg.distill.train,
                             "train_flops_per_image": objective.flops_per_image()},
-                           model_metadata(record, head_trained="head" in cfg.distill.train),
-                           ema=ema)
+                           model_metadata(record, files,
+                                          head_trained="head" in cfg.distill.train), ema=ema)
 
 
-def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict]:
-    """A new student of the configured operator, initialised by the configured strategy."""
-    spec = student_spec(cfg, check_teacher(cfg.teacher), info)
+def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict, dict]:
+    """A new student of the configured operator, initialised by the configured strategy; its
+    record, and the model files it came from (source name -> ModelFile, each read once)."""
+    files = {"teacher": ModelFile(cfg.teacher),
+             **({"distilled": ModelFile(cfg.distilled)} if cfg.distilled else {})}
+    spec = student_spec(cfg, files["teacher"].check_teacher(), info)
     if cfg.distilled:
-        check_distilled(cfg.distilled, spec)
+        check_distilled(files["distilled"], spec)
     strategy = cfg.init.resolve()
     torch.manual_seed(cfg.run.seed)
     model = create_vit(spec)
-    record = apply_init(model, strategy, read_state_dict(cfg.teacher),
-                        read_state_dict(cfg.distilled) if cfg.distilled else None)
+    record = apply_init(model, strategy, files["teacher"].state,
+                        files["distilled"].state if cfg.distilled else None)
     record["sources"] = {"teacher": cfg.teacher, "distilled": cfg.distilled}
     for mechanism in strategy.mechanisms:
         record.update(mechanism.attach(model, cfg, info))
     log.info("init %s: %s", strategy.name, record["summary"])
-    return model, record
+    return model, record, files
 
 
-def model_metadata(record: dict, head_trained: bool = False) -> dict:
+def model_metadata(record: dict, files: dict[str, ModelFile], head_trained: bool = False) -> dict:
     """What a student's model file must say beyond its spec, for the stages after it to check:
     the teacher whose maps drive it, the state of its head (trained here, else that of the model
     it was copied from: an imported teacher's untrained head stays untrained through a copy, else
     new), and the teacher's origin."""
     meta = {MAPS_KEY: record["teacher_maps"]} if record.get("teacher_maps") else {}
     if not head_trained:
-        meta[HEAD_KEY] = _copied_head_state(record)
+        meta[HEAD_KEY] = _copied_head_state(record, files)
     # the foreign weights the teacher was imported from, if it was (its origin)
-    return meta | carried_metadata(record["sources"]["teacher"], head=False)
+    return meta | files["teacher"].carried(head=False)
 
 
-def _copied_head_state(record: dict) -> str:
+def _copied_head_state(record: dict, files: dict[str, ModelFile]) -> str:
     sources = {e["source"] for name, e in record["tensors"].items() if group_of(name) == "head"}
     if sources == {"new"} or not sources:
         return "new" if sources else "none"
-    states = {head_state(record["sources"][s]) if s in record["sources"] else "new"
-              for s in sources}
+    states = {files[s].head if s in files else "new" for s in sources}
     return states.pop() if len(states) == 1 else "new"
 
 
@@ -174,11 +177,11 @@ def run_init(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
     if run.finished:
         return completed_metrics(run)
     info, _, test_loader = make_loaders(cfg.data, rt)
-    model, record = build_student(cfg, info)
+    model, record, files = build_student(cfg, info)
     run.open(test_loader.summary)
     if rt.is_main:
         write_json(run.path / "copied.json", record)
-        save_model(model, run.model, model_metadata(record))
+        save_model(model, run.model, model_metadata(record, files))
     init_eval = evaluate_init(model.to(rt.device), test_loader, rt, run, info.num_classes,
                               cfg.run.eval_every > 0)
     return run.finish({"strategy": record["strategy"], "copied": record["summary"],
@@ -190,10 +193,10 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
     if run.finished:
         return completed_metrics(run)
     info, train_loader, test_loader, batch_aug = training_loaders(cfg, rt)
-    model, record = build_student(cfg, info)
-    teacher = load_model(cfg.teacher) if cfg.kd.weight else None
+    model, record, files = build_student(cfg, info)
+    teacher = files["teacher"].load() if cfg.kd.weight else None
     if teacher is not None:
-        check_kd_teacher(cfg.teacher, info, "kd.weight")
+        check_kd_teacher(files["teacher"], info, "kd.weight")
     run.open(train_loader.summary)
     if rt.is_main:
         write_json(run.path / "copied.json", record)
@@ -213,8 +216,8 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
                   batch_aug=batch_aug, ema=ema, evaluate_ema=score)
     return finish_training(run, rt, model, history,
                            {"strategy": record["strategy"], "init": init_eval,
-                            "copied": record["summary"]}, model_metadata(record, head_trained=True),
-                           ema=ema)
+                            "copied": record["summary"]},
+                           model_metadata(record, files, head_trained=True), ema=ema)
 
 
 def run_select(cfg, out, replace: bool = False) -> dict:
@@ -229,10 +232,11 @@ def run_select(cfg, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "select", replace)
     if run.finished:
         return completed_metrics(run)
-    teacher = check_teacher(cfg.teacher)
+    source = ModelFile(cfg.teacher)
+    teacher = source.check_teacher()
     spec = ModelSpec(cfg.size, "softmax", teacher.num_classes, teacher.img_size, teacher.in_chans)
     model = create_vit(spec)
-    model.load_state_dict(select_state(read_state_dict(cfg.teacher), teacher.size,
+    model.load_state_dict(select_state(source.state, teacher.size,
                                        list(model.state_dict()), cfg.size), strict=True)
     info = get_dataset(cfg.data.dataset).info(cfg.data.root, cfg.data.img_size)
     scored = (info.num_classes, info.img_size) == (spec.num_classes, spec.img_size)
@@ -242,7 +246,7 @@ def run_select(cfg, out, replace: bool = False) -> dict:
     write_json(run.path / "selected.json", {"teacher": cfg.teacher, "teacher_size": teacher.size,
                                            "size": cfg.size,
                                            **{k: v.tolist() for k, v in index.items()}})
-    save_model(model, run.model, carried_metadata(cfg.teacher))     # e.g. an untrained head
+    save_model(model, run.model, source.carried())     # e.g. an untrained head
     metrics = {"params": sum(p.numel() for p in model.parameters()), "spec": spec.as_dict()}
     if test is not None:
         metrics["top1"] = evaluate(model.to(rt.device), test, rt, info.num_classes)["top1"]
