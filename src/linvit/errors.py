@@ -27,6 +27,14 @@ class DatasetNotFound(DataError, FileNotFoundError):
     """A dataset that is not on disk; the message names the paths looked at and how to install."""
 
 
+class UnknownName(KeyError, ValueError):
+    """A name no entry of a registry has (linvit.registry); the message names the allowed ones.
+    A KeyError, as for any mapping, and a ValueError, as an unusable argument."""
+
+    def __str__(self) -> str:             # KeyError would print the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
 class ResultsError(LinvitError, ValueError):
     """Result files (records, grid.json, results.csv) that cannot be reported as they are, e.g.
     two records with one key; the message names the files."""

@@ -194,3 +194,11 @@ def test_every_figure_shows_both_axes_values(tmp_path):
         assert all(f"ft_lr={f}" in shown for f in F), name
     shown = texts(lambda: figures.distill_layers(layers, GRID, tmp_path / "l"))
     assert all(f"d_epochs={d}" in shown for d in D) and "ft_lr" not in shown
+
+
+def test_claims_refuse_two_results_for_one_student_strategy_and_seed():
+    frame = results()
+    twice = pd.concat([frame, frame[(frame["init"] == "copy_mlp") & (frame["seed"] == 0)]
+                       .assign(run_dir="again")])
+    with pytest.raises(ResultsError, match=r"two results for .*copy_mlp, seed 0: .* and again"):
+        verdicts(twice, GRID)

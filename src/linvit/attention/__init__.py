@@ -17,19 +17,11 @@ from linvit.attention.linear import LinearAttention
 from linvit.attention.mamba2 import Mamba2Attention
 from linvit.attention.softmax import SoftmaxAttention
 from linvit.attention.ttt import TTTAttention
+from linvit.registry import Registry
 
-
-def _by_name(*classes: type[AttentionOperator]) -> dict[str, type[AttentionOperator]]:
-    """The registry keyed by each class's own `name`, so the name is written once."""
-    registry: dict[str, type[AttentionOperator]] = {}
-    for cls in classes:
-        if not cls.name or cls.name in registry:
-            raise ValueError(f"{cls.__name__}: operator name {cls.name!r} is empty or taken")
-        registry[cls.name] = cls
-    return registry
-
-
-OPERATORS: dict[str, type[AttentionOperator]] = _by_name(
+# keyed by each class's own `name`, so the name is written once
+OPERATORS: Registry[type[AttentionOperator]] = Registry.by_name(
+    "operator",
     SoftmaxAttention,
     LinearAttention,
     FocusedLinearAttention,
@@ -42,11 +34,7 @@ OPERATORS: dict[str, type[AttentionOperator]] = _by_name(
 )
 
 
-def get_operator(name: str) -> type[AttentionOperator]:
-    try:
-        return OPERATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown operator {name!r}; allowed: {', '.join(OPERATORS)}") from None
+get_operator = OPERATORS.lookup
 
 
 def check_options(name: str, options: dict) -> dict:

@@ -6,21 +6,16 @@ from linvit.data.cifar import CIFAR
 from linvit.data.fashion_mnist import FashionMNIST
 from linvit.data.imagefolder import ImageFolderDataset
 from linvit.data.mnist5k import MNIST5k
+from linvit.registry import Registry
 
-DATASETS = {
+DATASETS = Registry("dataset", {
     "fashion_mnist": FashionMNIST(),
     "mnist5k": MNIST5k(),
     "cifar10": CIFAR(10),
     "cifar100": CIFAR(100),
     "imagefolder": ImageFolderDataset(),
-}
-
-
-def get_dataset(name: str):
-    try:
-        return DATASETS[name]
-    except KeyError:
-        raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}") from None
+})
+get_dataset = DATASETS.lookup
 
 
 __all__ = ["DATASETS", "DataInfo", "get_dataset"]

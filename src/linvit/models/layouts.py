@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from linvit.registry import Registry
+
 State = dict[str, torch.Tensor]
 
 
@@ -56,8 +58,8 @@ class Layout:
     wrappers: tuple[str, ...] = ()     # top-level keys to look in first (before the usual ones)
 
 
-LAYOUTS = {
+LAYOUTS = Registry("checkpoint layout", {
     "timm": Layout(_timm),
     "mocov3": Layout(_mocov3),
     "ibot": Layout(_ibot, wrappers=("teacher",)),
-}
+})

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from linvit.registry import Registry
+
 
 @dataclass(frozen=True)
 class ModelSize:
@@ -28,7 +30,7 @@ class ModelSize:
         return asdict(self)
 
 
-SIZES: dict[str, ModelSize] = {
+SIZES: Registry[ModelSize] = Registry("model size", {
     "cpu96": ModelSize(96, 6, 3, 4, description="CPU: 28 px -> 7x7 patches + cls = 50 tokens"),
     "cpu64": ModelSize(64, 4, 2, 4,
                        description="CPU, small: cpu96's 32-wide heads, 4 blocks of 64"),
@@ -39,11 +41,5 @@ SIZES: dict[str, ModelSize] = {
                         description="DeiT-Small"),
     "deit_b": ModelSize(768, 12, 12, 16, timm_name="deit_base_patch16_224",
                         description="DeiT-Base"),
-}
-
-
-def get_size(name: str) -> ModelSize:
-    try:
-        return SIZES[name]
-    except KeyError:
-        raise ValueError(f"unknown model size {name!r}; allowed: {', '.join(SIZES)}") from None
+})
+get_size = SIZES.lookup

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from linvit.data.imagefolder import IMAGE_SUFFIXES
 from linvit.errors import DatasetNotFound
+from linvit.registry import Registry
 
 IMAGENET_CLASSES = 1000
 
@@ -76,12 +77,12 @@ class ShiftSet:
         return len({label for _, label in samples}), len(set(self.label_of().values()))
 
 
-SHIFTS = {
+SHIFTS = Registry("shift set", {
     "imagenet_a": ShiftSet("ImageNet-A", "a"),
     "imagenet_r": ShiftSet("ImageNet-R", "r"),
     "imagenet_sketch": ShiftSet("ImageNet-Sketch", None),
     "imagenet_v2": ShiftSet("ImageNet-V2", None, by_index=True),
-}
+})
 
 
 class ShiftDataset:

@@ -8,12 +8,13 @@ the run's seed).
 
 The "stem" (embeddings, norms, head) travels with every copy strategy, so that copy_mlp and
 copy_attn differ from the copy_embed control only by the MLP or attention weights themselves.
-Adding a strategy: one line in STRATEGIES.
+Adding a strategy: one entry in STRATEGIES.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from linvit.registry import Registry
 from linvit.transfer.groups import check_groups
 from linvit.transfer.mechanisms import Mechanism, MimeticAttention, TeacherMaps
 
@@ -53,7 +54,8 @@ class InitStrategy:
                        distilled=frozenset(self.distilled if distilled is None else distilled))
 
 
-STRATEGIES: dict[str, InitStrategy] = {s.name: s for s in [
+STRATEGIES: Registry[InitStrategy] = Registry.by_name(
+    "init strategy",
     InitStrategy("random", frozenset(), description="nothing from the teacher"),
     InitStrategy("copy_embed", STEM, description="control: embeddings, norms and head only"),
     InitStrategy("copy_attn", STEM | {"attn"}, description="stem + Q/K/V/proj"),
@@ -70,12 +72,5 @@ STRATEGIES: dict[str, InitStrategy] = {s.name: s for s in [
     InitStrategy("attn_copy", frozenset(), mechanisms=(TeacherMaps(),),
                  description="attention transfer, copy mode: a new softmax student whose "
                              "attention maps are the teacher's, in training and at test time"),
-]}
-
-
-def get_strategy(name: str) -> InitStrategy:
-    try:
-        return STRATEGIES[name]
-    except KeyError:
-        raise ValueError(f"unknown init strategy {name!r}; allowed: "
-                         f"{', '.join(STRATEGIES)}") from None
+)
+get_strategy = STRATEGIES.lookup

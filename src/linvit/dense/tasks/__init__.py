@@ -9,7 +9,8 @@ from __future__ import annotations
 from linvit.dense.tasks.base import DenseTask
 from linvit.dense.tasks.detect import DETECT
 from linvit.dense.tasks.segment import SEGMENT
+from linvit.registry import Registry
 
-TASKS: dict[str, DenseTask] = {t.name: t for t in (SEGMENT, DETECT)}
+TASKS: Registry[DenseTask] = Registry.by_name("dense task", SEGMENT, DETECT)
 
 __all__ = ["TASKS", "DenseTask"]
