@@ -7,10 +7,29 @@ import torch
 import torch.nn.functional as F
 
 from linvit.attention import OPERATORS
+from linvit.attention.base import AttentionOperator, computes_in_float32, float32_core
 from linvit.models import ModelSpec, create_vit
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-FLOAT32_CORES = sorted(n for n, cls in OPERATORS.items() if cls.float32_core)
+FLOAT32_CORES = sorted(n for n, cls in OPERATORS.items() if computes_in_float32(cls.global_mix))
+
+
+def test_every_linear_operator_states_its_core_in_float32_and_softmax_does_not():
+    """The rule is written where each operator is defined (@float32_core), for both methods."""
+    for name, cls in OPERATORS.items():
+        stated = (computes_in_float32(cls.global_mix), computes_in_float32(cls.attention_map))
+        assert stated == ((False, False) if name == "softmax" else (True, True)), name
+
+
+def test_an_operator_with_only_one_method_in_float32_is_refused():
+    with pytest.raises(TypeError, match="must both compute in float32 under autocast"):
+        class Half(AttentionOperator):            # noqa: F841 (defining it is the test)
+            @float32_core
+            def global_mix(self, q, k, v):
+                return v
+
+            def attention_map(self, q, k):
+                return q @ k.transpose(-2, -1)
 
 
 @pytest.mark.parametrize("device", DEVICES)

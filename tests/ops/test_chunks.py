@@ -36,13 +36,12 @@ def test_chunk_size_of_the_shapes_linvit_trains_on():
 def test_the_chunked_paths_run_the_chunk_size_picks(module, picked, monkeypatch):
     """50 tokens: one chunk of 50 (longest 64), two of 25 (longest 32), not padded to 64."""
     seen = []
-    real = module.chunked_scan
 
-    def spy(*args):
-        seen.append(args[-1])
-        return real(*args)
+    def spy(real):
+        return lambda *args: seen.append(args[-1]) or real(*args)
 
-    monkeypatch.setattr(module, "chunked_scan", spy)
+    for path in ("chunked_scan", "cpp_scan"):          # the PyTorch chunks, or the C++ kernel's
+        monkeypatch.setattr(module, path, spy(getattr(module, path)))
     q, k, v = (torch.randn(1, 2, 50, 8) for _ in range(3))
     with backend("torch"):
         if module is gs:

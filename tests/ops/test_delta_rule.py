@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 from linvit.attention.deltanet import DeltaNetAttention
 from linvit.ops import delta_rule as dr
+from linvit.ops import paths
 from linvit.ops.backends import backend, triton_available
 from linvit.ops.bidirectional import fla_kernel
 from linvit.ops.definitions import unit_rows
-from linvit.ops.delta_rule import chunked as dr_chunked
 from linvit.ops.delta_rule import delta_rule, delta_rule_map
 from linvit.ops.delta_rule import fla as dr_fla
 from linvit.ops.delta_rule.cpp import cpp_scan
@@ -87,7 +87,7 @@ def test_float32_on_each_cpu_path_matches_the_reference(monkeypatch, cpu_path, n
     def counted(*args):
         calls.append(args[0].shape)
         return cpp_scan(*args)
-    monkeypatch.setattr(dr_chunked, "cpp_scan", counted)
+    monkeypatch.setattr(dr, "cpp_scan", counted)
     inputs = scan_inputs(n=n, dtype=torch.float32)
     want = with_grads(on_backend("reference"), [t.double() for t in inputs])
     got = with_grads(on_backend("torch"), inputs)
@@ -238,12 +238,12 @@ def test_the_fla_path_stacks_and_flips_both_directions(monkeypatch):
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 def test_triton_backend_without_fla_on_the_cpu_falls_back_once(caplog):
-    dr_fla._warn_fallback.cache_clear()
+    paths.forget()
     inputs = scan_inputs()
     with caplog.at_level(logging.WARNING, logger="linvit"):
         outs = [on_backend("triton")(*inputs) for _ in range(3)]
     warned = [r.getMessage() for r in caplog.records if "delta rule" in r.getMessage()]
-    assert len(warned) == 1 and "chunked PyTorch path" in warned[0]
+    assert len(warned) == 1 and "; using the " in warned[0]
     assert torch.equal(outs[0], on_backend("torch")(*inputs))
 
 

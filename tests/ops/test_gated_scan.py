@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from linvit.attention.gla import GATE_BIAS, GATE_NORMALISER, GatedLinearAttention
 from linvit.attention.mamba2 import A_INIT, DT_INIT, Mamba2Attention
-from linvit.ops import cpp_kernels
+from linvit.ops import cpp_kernels, paths
 from linvit.ops import gated_scan as gs
 from linvit.ops.backends import backend, triton_available
 from linvit.ops.gated_scan import CHUNK, MAX_STEP_DECAY, gated_scan, gated_scan_map
@@ -99,7 +99,7 @@ def test_float32_on_each_cpu_path_matches_the_reference(monkeypatch, cpu_path, N
     def counted(*args):
         calls.append(args[0].shape)
         return gs_cpp.cpp_scan(*args)
-    monkeypatch.setattr(gs_chunked, "cpp_scan", counted)
+    monkeypatch.setattr(gs, "cpp_scan", counted)
     case = inputs(N, scalar, key_scale)
     want = run(scan("reference", strict, decay_scale=0.5), *case)
     got = run(scan("torch", strict, decay_scale=0.5),
@@ -242,13 +242,13 @@ def test_per_channel_floor_is_part_of_the_definition():
 
 @pytest.mark.skipif(not triton_available(), reason="backend 'triton' needs triton importable")
 def test_triton_backend_without_cuda_tensors_takes_the_chunks_and_says_so_once(caplog):
-    gs_fla._warn_no_fla.cache_clear()
+    paths.forget()
     case = inputs(30, scalar=False)
     with caplog.at_level(logging.WARNING, logger="linvit"):
         got = [run(scan("triton", False), *case) for _ in range(2)]
     assert_all_close(got[0], run(scan("torch", False), *case))
     warned = [r.getMessage() for r in caplog.records if "gated scan" in r.getMessage()]
-    assert len(warned) == 1 and "chunked PyTorch path" in warned[0]
+    assert len(warned) == 1 and "tensors are not on CUDA; using the " in warned[0]
 
 
 def has_fla() -> bool:

@@ -12,10 +12,10 @@ one-to-one onto every operator. What differs between operators is only how heads
 Parameters an operator adds beyond timm's are "operator-specific": no softmax checkpoint has them,
 so init strategies always create them new (see linvit.transfer.init).
 
-Numerics: under autocast (bf16 on CUDA, or on the CPU), every operator's `global_mix` and
-`attention_map` run in float32 (`float32_core`, applied to each subclass's own methods): sums over
-thousands of tokens lose too many bits in bf16, and some cores' fused steps refuse mixed dtypes.
-Softmax opts out: SDPA's fused kernels are built for bf16.
+Numerics: under autocast (bf16 on CUDA, or on the CPU), a linear operator's `global_mix` and
+`attention_map` run in float32, as each operator states where it defines them (the decorator
+`float32_core`): sums over thousands of tokens lose too many bits in bf16, and some cores' fused
+steps refuse mixed dtypes. Softmax does not: SDPA's fused kernels are built for bf16.
 """
 from __future__ import annotations
 
@@ -44,9 +44,14 @@ MAP_KINDS = {
 }
 
 
-def _float32_under_autocast(method, cast_back: bool):
-    """`method`(self, *tensors) computed in float32 with autocast off while autocast is on (the
-    result cast back to the last input's dtype when `cast_back`); as it is otherwise."""
+def float32_core(method=None, *, cast_back: bool = True):
+    """Decorates an operator's `global_mix` (`@float32_core`) or `attention_map`
+    (`@float32_core(cast_back=False)`): `method`(self, *tensors) computed in float32 with autocast
+    off while autocast is on (the result cast back to the last input's dtype when `cast_back`);
+    as it is otherwise."""
+    if method is None:
+        return functools.partial(float32_core, cast_back=cast_back)
+
     @functools.wraps(method)
     def run(self, *tensors):
         device = tensors[0].device.type
@@ -59,6 +64,11 @@ def _float32_under_autocast(method, cast_back: bool):
 
     run.float32_core = True
     return run
+
+
+def computes_in_float32(method) -> bool:
+    """Whether an operator's method is a float32_core (the test of the autocast rule reads it)."""
+    return bool(getattr(method, "float32_core", False))
 
 
 class AttentionOperator(nn.Module):
@@ -81,8 +91,6 @@ class AttentionOperator(nn.Module):
     # The reference path is a token-by-token recurrence for some operators: `linvit bench` times
     # it only up to this many tokens (None: the reference scales like the fast path).
     reference_max_tokens: ClassVar[int | None] = None
-    # Whether global_mix and attention_map compute in float32 under autocast (module docstring).
-    float32_core: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Give the options a class declares their defaults as class attributes. Subclasses that
@@ -100,10 +108,10 @@ class AttentionOperator(nn.Module):
         if cls.map_kind not in MAP_KINDS:
             raise TypeError(f"{cls.__name__}: map_kind {cls.map_kind!r} not one of "
                             f"{tuple(MAP_KINDS)}")
-        for method, cast_back in (("global_mix", True), ("attention_map", False)):
-            own_method = cls.__dict__.get(method)
-            if cls.float32_core and own_method and not getattr(own_method, "float32_core", 0):
-                setattr(cls, method, _float32_under_autocast(own_method, cast_back))
+        own = {m: cls.__dict__[m] for m in ("global_mix", "attention_map") if m in cls.__dict__}
+        if len({computes_in_float32(m) for m in own.values()}) > 1:
+            raise TypeError(f"{cls.__name__}: global_mix and attention_map must both compute in "
+                            "float32 under autocast (@float32_core) or neither")
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
                  scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0,

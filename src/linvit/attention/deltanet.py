@@ -40,7 +40,7 @@ import math
 import torch
 from torch import nn
 
-from linvit.attention.base import AttentionOperator
+from linvit.attention.base import AttentionOperator, float32_core
 from linvit.ops.chunks import padded_length
 from linvit.ops.definitions import unit_rows
 from linvit.ops.delta_rule import CHUNK, delta_rule, delta_rule_map
@@ -79,10 +79,12 @@ class DeltaNetAttention(AttentionOperator):
         gain = self.query_scale.to(q.dtype).view(-1, 1, 1)                # (H, 1, 1)
         return unit_rows(q, gain), unit_rows(k), beta_f, beta_b
 
+    @float32_core
     def global_mix(self, q, k, v):
         q, k, beta_f, beta_b = self.scan_inputs(q, k)
         return delta_rule(q, k, v, beta_f, beta_b, scale=1.0)
 
+    @float32_core(cast_back=False)
     def attention_map(self, q, k):
         return delta_rule_map(*self.scan_inputs(q, k), scale=1.0).float()
 

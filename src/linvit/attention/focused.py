@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from linvit.attention.base import ODD_KERNEL, AttentionOperator
-from linvit.ops.backends import resolve_backend
+from linvit.attention.base import ODD_KERNEL, AttentionOperator, float32_core
 from linvit.ops.focused_features import focused_features
 from linvit.ops.linear_attention import (
     focused_linear_attention,
     linear_core_flops,
+    linear_path,
     normalized_linear_attention_map,
 )
 
@@ -40,9 +40,10 @@ class FocusedLinearAttention(AttentionOperator):
                              device=device, dtype=dtype)
 
     def feature_map(self, x):
-        fused = resolve_backend(x) != "reference"
+        fused = linear_path(x, x, "focused", True) != "reference"
         return focused_features(x, self.focus_scale, self.focusing_factor, fused)
 
+    @float32_core
     def global_mix(self, q, k, v):
         return focused_linear_attention(q, k, v, self.focus_scale, self.focusing_factor)
 
@@ -50,6 +51,7 @@ class FocusedLinearAttention(AttentionOperator):
     def core_flops(cls, tokens, head_dim):
         return linear_core_flops(tokens, head_dim, head_dim)     # the focusing is elementwise
 
+    @float32_core(cast_back=False)
     def attention_map(self, q, k):
         return normalized_linear_attention_map(self.feature_map(q), self.feature_map(k))
 

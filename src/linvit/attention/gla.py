@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from linvit.attention.base import AttentionOperator
+from linvit.attention.base import AttentionOperator, float32_core
 from linvit.ops.definitions import compute_dtype, log_sigmoid
 from linvit.ops.gated_scan import chunked_core_flops, gated_scan, gated_scan_map
 
@@ -74,11 +74,13 @@ class GatedLinearAttention(AttentionOperator):
         weight = weight.view(2, 1, H, d, -1).transpose(-1, -2)            # (2, 1, H, r + 1, d)
         return log_sigmoid(torch.matmul(low[None, :, None], weight).to(compute_dtype(k)))
 
+    @float32_core
     def global_mix(self, q, k, v):
         # s (o_F + o_B) / 2: the 1/2 goes with the query scale
         return gated_scan(q, k, v, self.log_decays(k), scale=self.scale / 2,
                           decay_scale=1 / GATE_NORMALISER)
 
+    @float32_core(cast_back=False)
     def attention_map(self, q, k):
         return gated_scan_map(q, k, self.log_decays(k), scale=self.scale / 2,
                               decay_scale=1 / GATE_NORMALISER).float()

@@ -9,11 +9,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from linvit.attention.base import AttentionOperator
+from linvit.attention.base import AttentionOperator, float32_core
 from linvit.ops import cpp_kernels
 from linvit.ops.definitions import NORMALISER_EPS
 from linvit.ops.linear_attention import (
     linear_core_flops,
+    linear_path,
     normalized_linear_attention,
     normalized_linear_attention_map,
 )
@@ -48,12 +49,14 @@ class HedgehogAttention(AttentionOperator):
         return 2 * 2.0 * tokens * head_dim * head_dim + linear_core_flops(tokens, 2 * head_dim,
                                                                           head_dim)
 
+    @float32_core
     def global_mix(self, q, k, v):
-        if cpp_kernels.runs_on(q):           # the feature maps inside the CPU kernel, per block
+        if linear_path(q, v, "hedgehog", True) == "cpp":   # the feature maps in the kernel
             return cpp_kernels.cpp_linear_attention(
                 q, k, v, "hedgehog", True, NORMALISER_EPS, 0.0, self.fmap_q_weight,
                 self.fmap_q_bias, self.fmap_k_weight, self.fmap_k_bias)
         return normalized_linear_attention(*self.features(q, k), v)
 
+    @float32_core(cast_back=False)
     def attention_map(self, q, k):
         return normalized_linear_attention_map(*self.features(q, k))

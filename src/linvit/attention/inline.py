@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from linvit.attention.base import ODD_KERNEL, AttentionOperator
+from linvit.attention.base import ODD_KERNEL, AttentionOperator, float32_core
 from linvit.ops.linear_attention import (
     injective_linear_attention,
     injective_linear_attention_map,
@@ -33,6 +33,7 @@ class InLineAttention(AttentionOperator):
         self.local = nn.Conv2d(dim, dim, self.kernel_size, padding=self.kernel_size // 2,
                                groups=dim, device=device, dtype=dtype)
 
+    @float32_core
     def global_mix(self, q, k, v):
         return injective_linear_attention(q, k, v, self.scale)
 
@@ -40,6 +41,7 @@ class InLineAttention(AttentionOperator):
     def core_flops(cls, tokens, head_dim):
         return linear_core_flops(tokens, head_dim, head_dim, normalize=False)   # centring: O(Nd)
 
+    @float32_core(cast_back=False)
     def attention_map(self, q, k):
         return injective_linear_attention_map(q, k, self.scale)
 

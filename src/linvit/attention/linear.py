@@ -1,7 +1,7 @@
 """Linear attention with phi(x) = elu(x) + 1 (Katharopoulos et al. 2020, arXiv 2006.16236)."""
 from __future__ import annotations
 
-from linvit.attention.base import AttentionOperator
+from linvit.attention.base import AttentionOperator, float32_core
 from linvit.ops.definitions import feature
 from linvit.ops.linear_attention import (
     linear_attention,
@@ -18,6 +18,7 @@ class LinearAttention(AttentionOperator):
     def feature_map(self, x):
         return feature(x, self.feature_kind)
 
+    @float32_core
     def global_mix(self, q, k, v):
         # the feature map is fused into the core (it is recomputed in backward, never stored)
         return linear_attention(q, k, v, kind=self.feature_kind)
@@ -26,5 +27,6 @@ class LinearAttention(AttentionOperator):
     def core_flops(cls, tokens, head_dim):
         return linear_core_flops(tokens, head_dim, head_dim)
 
+    @float32_core(cast_back=False)
     def attention_map(self, q, k):
         return normalized_linear_attention_map(self.feature_map(q), self.feature_map(k))

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linvit.attention.base import AttentionOperator
+from linvit.attention.base import AttentionOperator, float32_core
 from linvit.ops.definitions import compute_dtype
 from linvit.ops.gated_scan import chunked_core_flops, gated_scan, gated_scan_map
 
@@ -83,11 +83,13 @@ class Mamba2Attention(AttentionOperator):
         A = -self.A_log.to(dtype).exp().view(1, 1, -1, 1, 1)
         return dt * A, dt, read[2].unsqueeze(-1)
 
+    @float32_core
     def global_mix(self, q, k, v):
         log_a, dt, diagonal = self.gates(k)
         scans = gated_scan(q, k, v, log_a, key_scale=dt, strict=True, scale=self.scale)
         return (scans.to(diagonal.dtype) + diagonal * v.to(diagonal.dtype)).to(v.dtype)
 
+    @float32_core(cast_back=False)
     def attention_map(self, q, k):
         log_a, dt, diagonal = self.gates(k)
         scans = gated_scan_map(q, k, log_a, key_scale=dt, strict=True, scale=self.scale)

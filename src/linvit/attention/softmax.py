@@ -16,11 +16,11 @@ class SoftmaxAttention(AttentionOperator):
     name = "softmax"
     family = "softmax"
     supports_attn_drop = True
-    float32_core = False           # SDPA's fused kernels run in autocast's dtype
     # Attention transfer's copy mode (linvit.models.attention_copy): a (B, H, N, N) map from
     # the teacher that replaces this block's own for one forward; None: compute it.
     given_map: torch.Tensor | None = None
 
+    # no @float32_core: SDPA's fused kernels run in autocast's dtype
     def global_mix(self, q, k, v):
         p = self.attn_drop.p if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, scale=self.scale)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from linvit.attention.base import AttentionOperator
+from linvit.attention.base import AttentionOperator, float32_core
 from linvit.ops.ttt import ttt_dwconv, ttt_swiglu, ttt_swiglu_map
 
 
@@ -80,9 +80,11 @@ class TTTAttention(AttentionOperator):
             nn.init.zeros_(lin.bias)
         nn.init.zeros_(self.branch_out.weight)
 
+    @float32_core
     def global_mix(self, q, k, v):
         return ttt_swiglu(q, k, v, self.swiglu_w1, self.swiglu_w2, self.inner_scale)
 
+    @float32_core(cast_back=False)
     def attention_map(self, q, k):
         return ttt_swiglu_map(q, k, self.swiglu_w1, self.swiglu_w2, self.inner_scale)
 

@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 
 from linvit.machine import cpu_model
-from linvit.ops.backends import resolve_backend
 
 log = logging.getLogger("linvit")
 
@@ -131,12 +130,6 @@ def status() -> str:
     if "ok" not in _STATE:
         return "not used"
     return "C++ kernels" if _STATE["ok"] else f"PyTorch ({_STATE['reason']})"
-
-
-def runs_on(t: torch.Tensor) -> bool:
-    """Whether a core called on `t` now takes the kernel: a CPU tensor, the backend that picks the
-    fast CPU path (`torch`, or `auto` on the CPU), and a kernel that loads."""
-    return not t.is_cuda and resolve_backend(t) == "torch" and load()
 
 
 def _register_fake() -> None:

@@ -4,13 +4,17 @@ Shape convention everywhere: q, k (B, H, N, Dk), v (B, H, N, Dv).
 Each core has an efficient path used in training and an explicit one that forms the (B, H, N, N)
 map multiplying V, which map-level distillation needs and the tests compare against.
 
-The efficient path has three backends that must agree (tests/ops/test_kernels.py):
+The efficient path's implementations must agree (tests/ops/test_kernels.py); `linear_path`
+picks one per call (linvit.ops.paths):
   reference  plain einsum + autograd: the readable definition;
-  torch      the CPU default: linvit's C++ kernel (linvit.ops.cpp_kernels) where it builds, else
-             one fused autograd Function in bmm (linvit.ops.fused_torch); both are tested;
+  cpp        the CPU default: linvit's C++ kernel (linvit.ops.cpp_kernels) where it builds, the
+             feature maps (focused, hedgehog) and InLine's centring inside it;
+  torch      one fused autograd Function in bmm (linvit.ops.fused_torch): the CPU path without
+             the kernel, and for a core with neither feature map nor normaliser;
   triton     fused kernels (linvit.ops.triton_kernels): the CUDA default, for head dims up to
-             its MAX_HEAD_DIM (wider heads take the torch path, with a warning).
-`backend("name")` forces one (benchmarks and tests); "auto" picks by device.
+             its MAX_HEAD_DIM (wider heads take the torch path, said once).
+`backend("name")` forces reference, torch or triton (benchmarks and tests); "auto" picks by
+device.
 
 Numerics: cores run in float32 whatever the input dtype (bf16 sums over thousands of tokens lose
 too many bits), and results are cast back. Feature maps and the normaliser's epsilon are defined
@@ -18,33 +22,38 @@ once for all backends, in linvit.ops.definitions.
 """
 from __future__ import annotations
 
-import functools
-import logging
-
 import torch
 
-from linvit.ops import cpp_kernels
-from linvit.ops.backends import resolve_backend
+from linvit.ops import cpp_kernels, paths
 from linvit.ops.definitions import FEATURES, NORMALISER_EPS, feature
 from linvit.ops.focused_features import focused_features
 from linvit.ops.fused_torch import fused_linear_attention
 
-log = logging.getLogger("linvit")
+# What the C++ kernel computes besides linear attention on FEATURES: feature maps and centring
+IN_KERNEL = ("focused", "hedgehog", "inline")
 
-def _triton_fits(q: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the Triton kernels take these head dims (only asked once triton has loaded)."""
+
+def linear_path(q: torch.Tensor, v: torch.Tensor, kind: str, normalize: bool) -> str:
+    """The path of one call (linvit.ops.paths) of linear attention with feature map `kind`
+    (FEATURES, or IN_KERNEL: an operator whose features the C++ kernel forms itself)."""
+    if kind == "inline":
+        # below CENTRED_MIN_TOKENS the kernel's per-block calls cost more than batched bmm
+        cpp = q.shape[2] >= cpp_kernels.CENTRED_MIN_TOKENS
+    else:
+        # with neither feature map nor normaliser nothing is left to fuse around the two
+        # products: batched bmm was as fast at N=4096 and up to 15% faster at 50 tokens per head
+        cpp = kind != "identity" or normalize
+    triton = None if kind in IN_KERNEL else (lambda: _triton_refuses(q, v))
+    return paths.choose(f"linear attention ({kind})", q, cpp, triton)
+
+
+def _triton_refuses(q: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why the Triton kernels cannot take these head dims (None: they can)."""
     from linvit.ops.triton_kernels import MAX_HEAD_DIM
     dims = (q.shape[-1], v.shape[-1])
     if max(dims) <= MAX_HEAD_DIM:
-        return True
-    _warn_fallback(f"head dims over the Triton kernels' limit of {MAX_HEAD_DIM}", dims)
-    return False
-
-
-@functools.cache
-def _warn_fallback(reason: str, dims: tuple[int, int]) -> None:
-    """Cached: said once per distinct (reason, dims), not on every layer of every step."""
-    log.warning("linear attention: %s (Dk, Dv = %s); using the fused PyTorch path", reason, dims)
+        return None
+    return f"head dims (Dk, Dv = {dims}) over the Triton kernels' limit of {MAX_HEAD_DIM}"
 
 
 def _f32(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -70,16 +79,13 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: st
     """
     if kind not in FEATURES:
         raise ValueError(f"unknown feature map {kind!r}; allowed: {tuple(FEATURES)}")
-    name = resolve_backend(q)
-    if name == "triton" and _triton_fits(q, v):
+    path = linear_path(q, v, kind, normalize)
+    if path == "triton":
         from linvit.ops.triton_kernels import triton_linear_attention
         return triton_linear_attention(q, k, v, kind, normalize, eps)
-    if name == "reference":
+    if path == "reference":
         return _reference(q, k, v, kind, normalize, eps)
-    # the torch path (or triton's fallback) on the CPU; with neither feature map nor normaliser
-    # (InLine) nothing is left to fuse around the two products, and batched bmm was as fast at
-    # N=4096 and up to 15% faster at 50 tokens per head
-    if not q.is_cuda and (kind != "identity" or normalize) and cpp_kernels.load():
+    if path == "cpp":
         return cpp_kernels.cpp_linear_attention(q, k, v, kind, normalize, eps)
     return fused_linear_attention(q, k, v, kind, normalize, eps)
 
@@ -100,9 +106,10 @@ def focused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              scale: torch.Tensor, p: float) -> torch.Tensor:
     """Normalised linear attention on FLatten's focused features of q and k (focused_features):
     on the CPU, the feature map runs inside linvit's C++ kernel, on each block of rows."""
-    if cpp_kernels.runs_on(q):
+    path = linear_path(q, v, "focused", True)
+    if path == "cpp":
         return cpp_kernels.cpp_linear_attention(q, k, v, "focused", True, NORMALISER_EPS, p, scale)
-    fused = resolve_backend(q) != "reference"
+    fused = path != "reference"
     return normalized_linear_attention(focused_features(q, scale, p, fused),
                                        focused_features(k, scale, p, fused), v)
 
@@ -123,9 +130,8 @@ def injective_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     construction, so there is no division and no epsilon: nothing here can divide by ~0. The
     centring and the mean are O(N d) in PyTorch; the state and output go to the unnormalised core.
     """
-    # the centring on the sums, inside the CPU kernel; below CENTRED_MIN_TOKENS its per-block
-    # calls cost more than batched bmm and a few passes
-    if q.shape[2] >= cpp_kernels.CENTRED_MIN_TOKENS and cpp_kernels.runs_on(q):
+    # the centring on the sums inside the CPU kernel (linear_path: from CENTRED_MIN_TOKENS on)
+    if linear_path(q, v, "inline", False) == "cpp":
         return cpp_kernels.cpp_linear_attention(q, k, v, "inline", False, 0.0, scale)
     dtype = v.dtype
     q, k, v = _f32(q, k, v)

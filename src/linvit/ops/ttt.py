@@ -10,9 +10,9 @@ L(W) = -(s/N) sum_j <f_W(k_j), v_j> of their keys and values, every gradient col
 Each has a reference path (the loss written out, its gradient taken by autograd with
 create_graph=True, so the outer backward differentiates through the inner step) and a fast path
 (the gradient in closed form: batched matmuls, linear in N; the SwiGLU's outer backward is written
-by hand). `resolve_backend` picks one:
-"reference" takes the first, "torch" and "triton" the second (no kernel is needed: the work is
-six (N, d) x (d, d) matmuls per head). Tests hold the two to each other forward and backward.
+by hand). `ttt_path` picks one (linvit.ops.paths): "reference" the first, "torch" the second,
+also where Triton was asked for (no kernel is needed: the work is six (N, d) x (d, d) matmuls
+per head). Tests hold the two to each other forward and backward.
 
 Numerics: computed in float32 (also under autocast), or in float64 for float64 inputs, and cast
 back to v's dtype.
@@ -23,8 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from linvit.ops.backends import resolve_backend
+from linvit.ops import paths
 from linvit.ops.definitions import compute_dtype
+
+
+def ttt_path(q: torch.Tensor, module: str) -> str:
+    """The path of one call of an inner module's step (linvit.ops.paths)."""
+    return paths.choose(f"test-time training ({module})", q)
 
 
 def _no_autocast(t: torch.Tensor):
@@ -148,7 +153,7 @@ def ttt_swiglu(q, k, v, w1, w2, scale: float) -> torch.Tensor:
     """x1 = f_W'(q) with W' = W - step(dL/dW); q, k, v (B, H, N, d), w1, w2 (1, H, d, d)."""
     dtype, ct = v.dtype, compute_dtype(v)
     args = [t.to(ct) for t in (q, k, v, w1, w2)]
-    core = _swiglu_reference if resolve_backend(q) == "reference" else _SwiGLUStep.apply
+    core = _swiglu_reference if ttt_path(q, "swiglu") == "reference" else _SwiGLUStep.apply
     with _no_autocast(q):
         return core(*args, scale).to(dtype)
 
@@ -210,6 +215,6 @@ def ttt_dwconv(q, k, v, kernel, scale: float) -> torch.Tensor:
     (one 3x3 filter per channel, shared by the samples until the step)."""
     dtype, ct = v.dtype, compute_dtype(v)
     args = [t.to(ct) for t in (q, k, v, kernel)]
-    core = _dwconv_reference if resolve_backend(q) == "reference" else _dwconv_fast
+    core = _dwconv_reference if ttt_path(q, "dwconv") == "reference" else _dwconv_fast
     with _no_autocast(q):
         return core(*args, scale).to(dtype)

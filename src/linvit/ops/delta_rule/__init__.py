@@ -9,12 +9,13 @@ recalls for its key (an online least-squares step) instead of adding to it, as l
 does. The backward direction runs the same recursion from the last token with its own betas, and
 o = (o_F + J o_F(J q, J k, J v, J beta_B)) / 2, J the token flip.
 
-Shapes: q, k (B, H, N, Dk), v (B, H, N, Dv), betas (B, H, N). Three paths, one signature:
+Shapes: q, k (B, H, N, Dk), v (B, H, N, Dv), betas (B, H, N). Four paths, one signature, picked
+by `delta_path` (linvit.ops.paths):
   reference  the recursion token by token, both directions stacked in one batch: the definition;
-  torch      chunked (WY form, below), the backward pass written out: the CPU default; float32
-             runs in linvit's C++ kernel (delta_rule/cpp.py, csrc/delta_rule.cpp) where it
-             loads, with the chunk loop of both scans per head in cache; float64, or without
-             the kernel, runs the PyTorch chunks (delta_rule/chunked.py);
+  torch      chunked (WY form, below), the backward pass written out (delta_rule/chunked.py):
+             float64, or float32 without the kernel;
+  cpp        the same chunks in linvit's C++ kernel (delta_rule/cpp.py, csrc/delta_rule.cpp):
+             the CPU default for float32, with the chunk loop of both scans per head in cache;
   triton     fla's `chunk_delta_rule` (optional flash-linear-attention, CUDA, bf16/fp16 inputs)
              on both directions stacked; anything else takes the chunked path, said once.
 `delta_rule_map` forms the exact (B, H, N, N) map M with delta_rule(...) == M @ v.
@@ -39,10 +40,12 @@ from __future__ import annotations
 
 import torch
 
-from linvit.ops.backends import resolve_backend
+from linvit.ops import paths
 from linvit.ops.chunks import chunk_size
+from linvit.ops.definitions import compute_dtype
 from linvit.ops.delta_rule.chunked import chunked_scan
-from linvit.ops.delta_rule.fla import fla_scan, fla_takes
+from linvit.ops.delta_rule.cpp import cpp_scan
+from linvit.ops.delta_rule.fla import fla_refuses, fla_scan
 from linvit.ops.delta_rule.map import delta_rule_map  # noqa: F401
 from linvit.ops.delta_rule.reference import reference
 
@@ -55,10 +58,18 @@ CHUNK = 32
 def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta_forward: torch.Tensor,
                beta_backward: torch.Tensor, scale: float) -> torch.Tensor:
     """o = (o_F + o_B) / 2 of the two delta-rule scans; keys should have unit norm."""
-    name = resolve_backend(q)
-    if name == "reference":
+    path = delta_path(q)
+    if path == "reference":
         return reference(q, k, v, beta_forward, beta_backward, scale)
-    if name == "triton" and fla_takes(q):
+    if path == "triton":
         return fla_scan(q, k, v, beta_forward, beta_backward, scale)
     chunk = chunk_size(q.shape[2], CHUNK)
+    if path == "cpp":
+        return cpp_scan(q, k, v, beta_forward, beta_backward, scale, chunk)
     return chunked_scan(q, k, v, beta_forward, beta_backward, scale, chunk)
+
+
+def delta_path(q: torch.Tensor) -> str:
+    """The path of one call (linvit.ops.paths): the C++ kernel takes what computes in float32."""
+    return paths.choose("delta rule", q, compute_dtype(q) == torch.float32,
+                        lambda: fla_refuses(q))

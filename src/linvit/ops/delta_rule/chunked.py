@@ -7,19 +7,14 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from linvit.ops import cpp_kernels
 from linvit.ops.chunks import chunk_bmm
 from linvit.ops.definitions import compute_dtype
-from linvit.ops.delta_rule.cpp import cpp_scan
 
 log = logging.getLogger("linvit")
 
 
 def chunked_scan(q, k, v, beta_forward, beta_backward, scale, chunk: int):
-    """Both scans in chunks of `chunk` tokens (the WY form of the package docstring); in float32
-    on the CPU, linvit's C++ kernel where it loads."""
-    if compute_dtype(q) == torch.float32 and cpp_kernels.runs_on(q):
-        return cpp_scan(q, k, v, beta_forward, beta_backward, scale, chunk)
+    """Both scans in chunks of `chunk` tokens (the WY form of the package docstring)."""
     B, H, N, _ = q.shape
     n = -(-N // chunk)
     dtype = compute_dtype(q)

@@ -1,8 +1,8 @@
 """The delta rule's CPU path in linvit's C++ kernel (csrc/delta_rule.cpp): the chunked WY form of
 chunked.py, both scans of a head in one task, reading the token-major tensors in place (no
-stacked, flipped copies). It runs float32 inputs where the kernel loads (cpp_kernels.runs_on);
-float64 inputs keep the PyTorch chunked path, which the tests hold to the reference at float64
-precision."""
+stacked, flipped copies). It runs float32 inputs where the kernel loads (the path `cpp` of
+linvit.ops.paths); float64 inputs keep the PyTorch chunked path, which the tests hold to the
+reference at float64 precision."""
 from __future__ import annotations
 
 import torch

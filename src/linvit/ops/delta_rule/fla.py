@@ -1,9 +1,6 @@
 """The CUDA path: fla's chunk_delta_rule on both directions stacked (bf16/fp16 inputs)."""
 from __future__ import annotations
 
-import functools
-import logging
-
 import torch
 
 from linvit.ops.bidirectional import (
@@ -14,27 +11,18 @@ from linvit.ops.bidirectional import (
     to_fla,
 )
 
-log = logging.getLogger("linvit")
-
 FLA_DTYPES = (torch.bfloat16, torch.float16)          # fla's chunk_delta_rule refuses float32
 
 
-def fla_takes(q: torch.Tensor) -> bool:
+def fla_refuses(q: torch.Tensor) -> str | None:
+    """Why fla's chunk_delta_rule cannot take this call (None: it can)."""
     if fla_kernel("delta_rule", "chunk_delta_rule") is None:
-        _warn_fallback("flash-linear-attention is not installed")
-    elif not q.is_cuda:
-        _warn_fallback("fla kernels need CUDA tensors")
-    elif q.dtype not in FLA_DTYPES:
-        _warn_fallback(f"fla's chunk_delta_rule takes bf16/fp16 only, not {q.dtype}")
-    else:
-        return True
-    return False
-
-
-@functools.cache
-def _warn_fallback(reason: str) -> None:
-    """Cached: said once per reason, not on every layer of every step."""
-    log.warning("delta rule: %s; using the chunked PyTorch path", reason)
+        return "flash-linear-attention is not installed"
+    if not q.is_cuda:
+        return "fla kernels need CUDA tensors"
+    if q.dtype not in FLA_DTYPES:
+        return f"fla's chunk_delta_rule takes bf16/fp16 only, not {q.dtype}"
+    return None
 
 
 def fla_scan(q, k, v, beta_forward, beta_backward, scale):

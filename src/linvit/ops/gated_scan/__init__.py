@@ -15,13 +15,14 @@ directions' inputs come stacked on a leading axis of 2: log_a (2, B, H, N, Dk or
 being decay_scale * log_a; key_scale (2, B, H, N, 1) multiplies each direction's keys (SSD's dt).
 With strict=True the diagonal is left out (j < i, j > i: SSD as Hydra's quasiseparable mixer).
 
-Paths, picked by linvit.ops.backends.resolve_backend:
+Paths, picked by `gated_path` (linvit.ops.paths):
   reference  the recurrence token by token: the readable definition (slow: N steps);
   torch      chunked: exact within chunks of at most CHUNK tokens (ops.chunks.chunk_size), a state
              carried between them, time and memory linear in N; both directions at once on shared q,
-             k, v, with the backward pass written out (_ChannelChunks, _ScalarChunks); float32
-             runs in linvit's C++ kernel (gated_scan/cpp.py, csrc/gated_scan.cpp) where it
-             loads, both scans of a head chunk by chunk in cache;
+             k, v, with the backward pass written out (_ChannelChunks, _ScalarChunks);
+  cpp        the same chunks in linvit's C++ kernel (gated_scan/cpp.py, csrc/gated_scan.cpp):
+             float32 on the CPU where it loads (per-channel decays without key scales, or scalar
+             decays), both scans of a head chunk by chunk in cache;
   triton     fla's chunk_gla / chunk_simple_gla on CUDA when flash-linear-attention is installed,
              otherwise the chunked path (said once).
 
@@ -36,9 +37,10 @@ from __future__ import annotations
 
 import torch
 
-from linvit.ops.backends import resolve_backend
+from linvit.ops import paths
 from linvit.ops.chunks import chunk_size, padded_length
 from linvit.ops.gated_scan.chunked import chunked_scan
+from linvit.ops.gated_scan.cpp import cpp_scan
 from linvit.ops.gated_scan.definition import (  # noqa: F401  (the definition's names, here too)
     CHUNK,
     EXP_BOUND,
@@ -47,7 +49,7 @@ from linvit.ops.gated_scan.definition import (  # noqa: F401  (the definition's 
     floor_decays,
     prepare,
 )
-from linvit.ops.gated_scan.fla import fla_scan, fla_usable
+from linvit.ops.gated_scan.fla import fla_refuses, fla_scan
 from linvit.ops.gated_scan.map import gated_scan_map  # noqa: F401
 from linvit.ops.gated_scan.reference import recurrence
 
@@ -59,17 +61,26 @@ def gated_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_a: torch.T
     (2, B, H, N, Dk or 1), decay_scale > 0 and decay_scale * log_a <= 0; key_scale
     (2, B, H, N, 1) or None."""
     q32, k32, v32, log_a, scales = prepare(q, k, v, log_a, key_scale, decay_scale)
-    name = resolve_backend(q)
-    if name == "reference":
+    path = gated_path(q32, log_a, scales)
+    chunk = chunk_size(q.shape[2], CHUNK)
+    if path == "reference":
         keys, decays = directions(k32, scales), decay_scale * log_a
         out = scale * (recurrence(q32, keys[0], v32, decays[0], strict, reverse=False)
                        + recurrence(q32, keys[1], v32, decays[1], strict, reverse=True))
-    elif name == "triton" and fla_usable(q, log_a):
+    elif path == "triton":
         out = fla_scan(q32 * scale, directions(k32, scales), v32, decay_scale * log_a, strict)
+    elif path == "cpp":
+        out = cpp_scan(q32, k32, v32, log_a, scales, strict, scale, decay_scale, chunk)
     else:
-        out = chunked_scan(q32, k32, v32, log_a, scales, strict, scale, decay_scale,
-                           chunk_size(q.shape[2], CHUNK))
+        out = chunked_scan(q32, k32, v32, log_a, scales, strict, scale, decay_scale, chunk)
     return out.to(v.dtype)
+
+
+def gated_path(q32: torch.Tensor, log_a: torch.Tensor, scales: torch.Tensor | None) -> str:
+    """The path of one call (linvit.ops.paths): the C++ kernel takes float32 with scalar decays,
+    or per-channel ones without key scales."""
+    cpp = q32.dtype == torch.float32 and (log_a.shape[-1] == 1 or scales is None)
+    return paths.choose("gated scan", q32, cpp, lambda: fla_refuses(q32, log_a))
 
 
 def chunked_core_flops(tokens: int, dk: int, dv: int, scalar: bool = False) -> float:

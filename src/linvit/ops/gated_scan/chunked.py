@@ -8,20 +8,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-from linvit.ops import cpp_kernels
 from linvit.ops.chunks import chunk_bmm
-from linvit.ops.gated_scan.cpp import cpp_scan
 from linvit.ops.gated_scan.definition import directions
 
 
 def chunked_scan(q, k, v, log_a, scales, strict: bool, scale: float, decay_scale: float,
                  chunk: int):
     """Tokens in chunks, (B, H, N, d) -> (B*H, n, chunk, d); zero keys pad the tail, cut off at
-    the end. Both directions share q, k, v here: no flipped copies. In float32 on the CPU,
-    linvit's C++ kernel where it loads."""
-    if (q.dtype == torch.float32 and (log_a.shape[-1] == 1 or scales is None)
-            and cpp_kernels.runs_on(q)):
-        return cpp_scan(q, k, v, log_a, scales, strict, scale, decay_scale, chunk)
+    the end. Both directions share q, k, v here: no flipped copies."""
     B, H, N, _ = q.shape
     n = -(-N // chunk)
 

@@ -1,8 +1,8 @@
 """The gated scan's CPU path in linvit's C++ kernel (csrc/gated_scan.cpp): the chunked form of
 chunked.py, both scans of a head in one task, chunk by chunk in cache, on the token-major tensors.
-It takes float32 inputs where the kernel loads (cpp_kernels.runs_on); float64 inputs, and
-per-channel decays with per-direction key scales (no operator uses them), keep the PyTorch
-chunks."""
+It takes float32 inputs where the kernel loads (the path `cpp` of linvit.ops.paths); float64
+inputs, and per-channel decays with per-direction key scales (no operator uses them), keep the
+PyTorch chunks."""
 from __future__ import annotations
 
 import torch

@@ -1,9 +1,7 @@
 """The CUDA path: flash-linear-attention's causal chunk kernels, both directions in one call."""
 from __future__ import annotations
 
-import functools
 import inspect
-import logging
 
 import torch
 import torch.nn.functional as F
@@ -16,23 +14,15 @@ from linvit.ops.bidirectional import (
     to_fla,
 )
 
-log = logging.getLogger("linvit")
 
-
-def fla_usable(q: torch.Tensor, log_a: torch.Tensor) -> bool:
+def fla_refuses(q: torch.Tensor, log_a: torch.Tensor) -> str | None:
+    """Why fla's kernels cannot take this call (None: they can)."""
     if not q.is_cuda:
-        _warn_no_fla("tensors are not on CUDA")
-        return False
+        return "tensors are not on CUDA"
     module = "simple_gla" if log_a.shape[-1] == 1 else "gla"
     if fla_kernel(module, f"chunk_{module}") is None:
-        _warn_no_fla("flash-linear-attention is not installed")
-        return False
-    return True
-
-
-@functools.cache
-def _warn_no_fla(reason: str) -> None:
-    log.warning("gated scan: %s; using the chunked PyTorch path", reason)
+        return "flash-linear-attention is not installed"
+    return None
 
 
 def fla_scan(q, keys, v, decays, strict: bool) -> torch.Tensor:
