@@ -4,6 +4,7 @@ against a teacher whose head is not trained."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -219,3 +220,25 @@ def test_a_copied_head_keeps_its_source_s_state_and_a_new_one_is_new(tmp_path, m
                          "data.test_subset=64", "model.operator=linear",
                          f"init.strategy={strategy}"]) == 0
         assert ModelFile(out / "model.safetensors").head == expected, strategy
+
+
+def test_a_stage_reads_each_model_file_once(tmp_path, mnist_root, monkeypatch):
+    """A fine-tune's checks (teacher, distilled student, heads, provenance) read the files a
+    stage opened (ModelFile): each file's header once, its tensors once."""
+    import linvit.models.checkpoint as checkpoint
+    import linvit.models.tensor_files as tensor_files
+
+    teacher, distilled = tmp_path / "teacher.safetensors", tmp_path / "distilled.safetensors"
+    save_model(perturb(make_model(ModelSpec("cpu96", "softmax", 10, 28, 1))), teacher)
+    save_model(make_model(ModelSpec("cpu96", "softmax", 10, 28, 1), "linear"), distilled)
+    headers, tensors = [], []
+    for module, name, seen in ((checkpoint, "read_header", headers),
+                               (tensor_files, "load_tensors", tensors)):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda path, real=real, seen=seen:
+                            seen.append(Path(path).name) or real(path))
+    assert cli.main(["init", "-o", str(tmp_path / "out"), f"teacher={teacher}",
+                     f"distilled={distilled}", f"data.root={mnist_root}", "data.test_subset=64",
+                     "model.operator=linear", "init.strategy=copy_mlp+distill"]) == 0
+    for name in ("teacher.safetensors", "distilled.safetensors"):
+        assert (headers.count(name), tensors.count(name)) == (1, 1), (name, headers, tensors)

@@ -106,3 +106,22 @@ def test_the_workflow_s_plan_line_gives_the_total_and_is_kept_per_config(tmp_pat
     config["plan"] = {"tflops": 25.0}
     with pytest.raises(pytest.fail.Exception, match="recomputed"):           # another config
         cost.plan_line(config, *args)
+
+
+def test_a_config_axis_is_costed_per_value_like_a_built_in_one():
+    """A distillation of 3 epochs costs 3 times one of 1; the plan's table per value of the axis
+    says so, and its rows add up to the total."""
+    config = {**default_config(), "loss_grid": None, "dense": None, "robustness": None,
+              "bench": None,
+              "axes": {"d_epochs": {"stage": "distill", "field": "optim.epochs",
+                                    "values": [1, 3]}}}
+    costs = costs_of(config)
+    distill = {c.job.key["d_epochs"]: c for c in costs
+               if c.job.stage == "distill" and c.job.key["operator"] == "linear"}
+    assert distill["3"].train_flops == pytest.approx(3 * distill["1"].train_flops)
+    text = cost.tables(costs, 100.0, ["d_epochs"])
+    rows = {line.split("|")[1].strip(): float(line.split("|")[2])
+            for line in text.split("| d_epochs |")[1].splitlines()[2:] if line.startswith("|")}
+    assert set(rows) == {"1", "3", "none"}                # none: the jobs it does not reach
+    total = sum(c.flops for c in costs) / 100e12 / 3600
+    assert sum(rows.values()) == pytest.approx(total, rel=1e-3)

@@ -21,7 +21,6 @@ from linvit.models.tensor_files import (
     SPEC_KEY,
     read_state_dict,
     save_tensors,
-    tensor_shapes,
 )
 from linvit.models.vit import LinvitViT, create_vit
 
@@ -58,26 +57,34 @@ def save_model(model: LinvitViT, path: str | Path, metadata: dict | None = None)
 
 def read_metadata(path: str | Path) -> dict:
     """The metadata of a safetensors file (values as strings; no tensor is read)."""
+    return read_header(path)[0]
+
+
+def read_header(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A safetensors file's metadata and its tensors as empty meta tensors of their shapes, from
+    one read of its header (no tensor data, no checksum)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
         with safe_open(str(path), framework="pt") as f:
-            return dict(f.metadata() or {})
+            shapes = {k: torch.empty(f.get_slice(k).get_shape(), device="meta")
+                      for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+            return dict(f.metadata() or {}), shapes
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file, possibly truncated "
                               f"({e}); regenerate it") from None
 
 
 class ModelFile:
-    """One linvit model file, opened once by a stage: its header's metadata read on opening, its
-    spec, head state and provenance read from that, its tensors read (and checked against their
-    checksum) the first time they are asked for, then kept. A stage passes it along instead of
-    the path, so that each check does not read the file again."""
+    """One linvit model file, opened once by a stage: its header (metadata, tensor shapes) read on
+    opening, its spec, head state and provenance read from that, its tensors read (and checked
+    against their checksum) the first time they are asked for, then kept. A stage passes it along
+    instead of the path, so that each check does not read the file again."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.metadata = read_metadata(self.path)
+        self.metadata, self.shapes = read_header(self.path)
 
     def __str__(self) -> str:
         return str(self.path)
@@ -140,7 +147,7 @@ class ModelFile:
                                   "maps (attention transfer, copy mode); it cannot teach "
                                   "attention")
         # the layout from the file's header: the stage's own load reads (and verifies) tensors
-        report = mismatch_report(create_vit(spec), tensor_shapes(self.path))
+        report = mismatch_report(create_vit(spec), self.shapes)
         problems = [f"{kind}: {', '.join(keys[:5])}" for kind, keys in report.items() if keys]
         if problems:
             raise CheckpointError(f"{field}: {self.path} is not a softmax {spec.size} model "

@@ -81,18 +81,6 @@ def load_tensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, s
     return tensors, meta
 
 
-def tensor_shapes(path: str | Path) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors as empty meta tensors of their shapes and dtypes, read from
-    its header alone (no tensor data, no checksum: for checks of its layout before a load)."""
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return {k: torch.empty(f.get_slice(k).get_shape(), device="meta")
-                    for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file, possibly truncated "
-                              f"({e}); regenerate it") from None
-
-
 def read_state_dict(path: str | Path, wrappers: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     """A file's tensors: safetensors, or a torch file read with weights_only (no pickled code),
     its state dict found under `wrappers`, then WRAPPER_KEYS, with `module.` removed."""

@@ -22,6 +22,8 @@ from functools import cache
 
 import yaml
 
+from linvit.workflow.axes import NONE
+
 DEFAULT_TFLOPS = 100.0
 AXES = ("dataset", "teacher", "size", "operator", "init", "seed")
 
@@ -181,10 +183,10 @@ def grid_costs(config: dict, stand_in: str) -> list[Cost]:
 
 def axis_value(job, axis: str) -> str:
     """A job's value on a grid axis (a teacher's operator is softmax and its init "teacher"; a
-    distillation's init "(distillation)")."""
+    distillation's init "(distillation)"; a config axis that does not reach it "none")."""
     defaults = {"operator": "softmax", "seed": "-",
                 "init": "(distillation)" if job.kind.name == "distill" else "teacher"}
-    value = job.key.get(axis, defaults.get(axis, "-"))
+    value = job.key.get(axis, defaults.get(axis, "-" if axis in AXES else NONE))
     return "-" if value is None else str(value)
 
 
