@@ -63,6 +63,7 @@ class Grid:
 
     def complete(self, frame: pd.DataFrame) -> pd.DataFrame:
         """Each row without a value of a config axis repeated once per value (module doc)."""
+        frame = frame.reset_index(drop=True)      # rows by position (an index may repeat)
         for axis in self.axes:
             name, labels = axis["name"], list(axis["values"])
             column = frame[name] if name in frame else pd.Series(None, index=frame.index,

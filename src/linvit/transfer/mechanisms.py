@@ -76,11 +76,12 @@ class TeacherMaps(Mechanism):
 def maps_teacher(path: str, info):
     """The teacher whose maps drive an attention-copy student: it must read the same images."""
     from linvit.errors import ConfigError
-    from linvit.models import load_model, read_spec
+    from linvit.models.checkpoint import ModelFile
 
-    spec = read_spec(path)
+    teacher = ModelFile(path)
+    spec = teacher.spec
     if (spec.img_size, spec.in_chans) != (info.img_size, info.in_chans):
         raise ConfigError(f"teacher: {path} reads {spec.img_size} px x {spec.in_chans} channels, "
                           f"the data is {info.img_size} px x {info.in_chans}; attention copy "
                           "runs the teacher on the student's own input")
-    return load_model(path)
+    return teacher.load()
