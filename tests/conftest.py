@@ -134,11 +134,13 @@ def backbone_ckpt(tmp_path_factory):
 # The suite runs in three processes on two cores (pytest-xdist, --dist loadfile: pyproject's
 # addopts; the workflow tests spend much of their time waiting on jobs and on SLURM's status
 # checks): a test file is one unit of work, so its module and session fixtures are made once. The
-# longest files start first (the SLURM grid, the shared tiny grid, the toy paper grid, the other
-# workflow runs), so that no process is left with a long one at the end. (xdist_group cannot
-# split a file instead: xdist 3.8 marks groups in a node id field pytest 9.2 no longer reads.)
+# longest files start first (the SLURM grid, the shared tiny grid, the two-axis grid, the toy
+# paper grid, the other workflow runs), so that no process is left with a long one at the end.
+# (xdist_group cannot split a file instead: xdist 3.8 marks groups in a node id field pytest 9.2
+# no longer reads.)
 LONGEST_FIRST = ("tests/workflow/test_slurm.py", "tests/workflow/test_snakemake.py",
-                 "tests/workflow/test_paper_toy.py", "tests/workflow/test_snakemake_alone.py")
+                 "tests/workflow/test_snakemake_axes.py", "tests/workflow/test_paper_toy.py",
+                 "tests/workflow/test_snakemake_alone.py")
 
 
 @pytest.hookimpl(tryfirst=True)
