@@ -14,6 +14,16 @@ def default_config() -> dict:
     return config
 
 
+def loss_grid_config() -> dict:
+    """The default grid with the loss-design sub-grid of the paper config: `map` and `map+out`
+    for copy_mlp+distill on linear."""
+    return {**default_config(),
+            "losses": {"out": {"attn_out_mse": 1.0}, "map": {"attn_map_ce": 1.0},
+                       "map+out": {"attn_map_ce": 1.0, "attn_out_mse": 1.0}},
+            "loss_grid": {"operators": ["linear"], "strategies": ["copy_mlp+distill"],
+                          "losses": ["map", "map+out"]}}
+
+
 def mocov3_backbone(path: Path) -> Path:
     """A headless cpu96 backbone for 28 px grey images in MoCo v3's layout (the encoder under
     module.base_encoder., a projection MLP as its head), as `import-teacher` reads it."""

@@ -35,6 +35,7 @@ PAPER = {
     "copy_all": (PAPER_STEM | {"attn", "mlp"}, set()),
     "distill": (set(), {"attn"}),
     "copy_mlp+distill": (PAPER_STEM | {"mlp"}, {"attn"}),
+    "copy_embed+distill": (PAPER_STEM, {"attn"}),
 }
 
 

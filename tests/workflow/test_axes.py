@@ -11,7 +11,7 @@ from linvit.workflow import check, grid
 from linvit.workflow.axes import NONE
 from linvit.workflow.plan import Jobs, plan
 
-from grid_configs import ROOT, default_config, teacher_axis_config
+from grid_configs import ROOT, default_config, loss_grid_config, teacher_axis_config
 
 DISTILL = {"stage": "distill", "field": "optim.epochs", "values": [1, 3]}
 FINETUNE = {"stage": "finetune", "field": "optim.lr", "values": {"low": 5.0e-4, "high": 2.0e-3}}
@@ -24,11 +24,11 @@ def with_axes(config: dict, **axes) -> dict:
 def expected_counts(config: dict, d: int, f: int) -> dict[str, int]:
     """Jobs per kind, counted from the config as the axes' rules say: a distill axis multiplies
     the distillations and the cells that take one, a finetune axis every cell."""
-    distilled = {"distill", "copy_mlp+distill"}
+    distilled = {"distill", "copy_mlp+distill", "copy_embed+distill"}
     seeds, ops = len(config["seeds"]), config["operators"]
     main = sum(d * f if s in distilled else f for s in config["strategies"]) * len(ops) * seeds
     reference = len(config["reference_strategies"]) * f * seeds
-    sub = config["loss_grid"]
+    sub = config.get("loss_grid") or {"operators": [], "strategies": [], "losses": []}
     sub_cells = (len(sub["operators"]) * len(sub["strategies"]) * len(sub["losses"]) * seeds
                  * d * f)
     dense = config["dense"]
@@ -42,11 +42,11 @@ def expected_counts(config: dict, d: int, f: int) -> dict[str, int]:
 
 
 def test_an_axis_multiplies_its_stage_and_what_takes_it():
-    config = with_axes(default_config(), distill_epochs=DISTILL, ft_lr=FINETUNE)
+    config = with_axes(loss_grid_config(), distill_epochs=DISTILL, ft_lr=FINETUNE)
     counts = Counter(j.kind.name for j in plan(config).jobs)
     assert counts == expected_counts(config, 2, 2)
-    plain = Counter(j.kind.name for j in plan(default_config()).jobs)
-    assert plain == expected_counts(default_config(), 1, 1)
+    plain = Counter(j.kind.name for j in plan(loss_grid_config()).jobs)
+    assert plain == expected_counts(loss_grid_config(), 1, 1)
 
 
 def test_each_job_takes_its_values_and_reads_the_jobs_of_the_same_values():
@@ -147,7 +147,7 @@ def test_two_jobs_with_one_key_are_refused_naming_both():
 
 
 def test_the_grid_document_names_the_axes_and_their_tables():
-    config = with_axes(default_config(), distill_epochs=DISTILL, ft_lr=FINETUNE,
+    config = with_axes(loss_grid_config(), distill_epochs=DISTILL, ft_lr=FINETUNE,
                        one={"stage": "finetune", "field": "optim.warmup_epochs", "values": [0]})
     cells = grid.expand_grid(config)
     doc = grid.grid_document(config, cells)

@@ -51,8 +51,9 @@ NAME_RULE = f"allowed: {check.NAME_PATTERN}"
     ({"teachers": {"big": {"source": "pretrain", "headless": True}}},
      "teachers.big.headless: only for a timm teacher"),
 
-    ({"losses": {"out": {"attn_out_mse": 1.0}, "map": {"attn_map_ce": -1.0},
-                 "map+out": {"attn_map_ce": 1.0}}},
+    ({"losses": {"out": {"attn_out_mse": 1.0}, "map": {"attn_map_ce": -1.0}},
+      "loss_grid": {"operators": ["linear"], "strategies": ["copy_mlp+distill"],
+                    "losses": ["map"]}},
      "stages.distill / losses.map (job distill/fashion_mnist/pretrain/cpu96/linear/map): "
      "distill.losses.attn_map_ce: must be >= 0"),
     ({"operators": ["focused", "inline"], "reference_strategies": [], "loss_grid": None,
@@ -112,7 +113,7 @@ def test_check_config_builds_every_job_with_its_own_arguments(monkeypatch):
     # an operator option that suits one operator of the grid is fine when only it gets it
     focused = {**default_config(), "operators": ["focused"], "reference_strategies": [],
                "stages": {"finetune": {"model": {"operator_options": {"focusing_factor": 2.0}}}}}
-    del focused["loss_grid"], focused["dense"]
+    del focused["dense"]
     check.check_config(focused, str(ROOT / "Snakefile"))
 
 
@@ -147,8 +148,9 @@ def test_paper_grid_lists_every_operator_of_the_registry():
 
 def test_a_map_loss_for_an_operator_without_a_stochastic_map_is_refused_before_any_job():
     signed = next(o for o, cls in OPERATORS.items() if cls.map_kind != "stochastic")
-    config = {**default_config(), "operators": [signed], "main_loss": "map"}
-    del config["loss_grid"], config["dense"]
+    config = {**default_config(), "operators": [signed], "main_loss": "map",
+              "losses": {"map": {"attn_map_ce": 1.0}}}
+    del config["dense"]
     with pytest.raises(ConfigError, match=f"stages.distill .*attn_map_ce.*'{signed}' has a"):
         check.check_config(config, str(ROOT / "Snakefile"))
 

@@ -23,7 +23,9 @@ def test_the_default_grid_s_cells_cost_what_their_config_says():
     config = default_config()
     stage = config["stages"]["finetune"]
     costs = [c for c in costs_of(config) if c.job.stage == "finetune"]
-    assert len(costs) == len([c for c in costs if c.job.kind.name == "cell"]) == 30
+    cells = ((len(config["strategies"]) * len(config["operators"])
+              + len(config["reference_strategies"])) * len(config["seeds"]))
+    assert len(costs) == len([c for c in costs if c.job.kind.name == "cell"]) == cells == 45
     for c in costs:
         spec = ModelSpec("cpu96", c.job.key["operator"], 10, 28, 1)
         epochs = stage["optim"]["epochs"]

@@ -18,8 +18,10 @@ def new_figure(panels: int, width: float = 4.0, height: float = 3.4):
 
 
 def save(fig, stem: Path) -> None:
+    """PNG and PDF; the saved area grows to hold what lies outside the panels (legends)."""
     fig.tight_layout()
     for ext in ("png", "pdf"):
         write_atomic(Path(f"{stem}.{ext}"),
-                     lambda p, ext=ext: fig.savefig(p, format=ext, dpi=130))
+                     lambda p, ext=ext: fig.savefig(p, format=ext, dpi=130,
+                                                    bbox_inches="tight"))
     plt.close(fig)

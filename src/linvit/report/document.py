@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from linvit.io import write_text
-from linvit.report.claims import METHOD
+from linvit.report.claims import method
+from linvit.report.grid import Grid
 
 SECTIONS = {"main": "Main table", "loss_design": "Loss design", "by_dataset": "By dataset",
             "by_teacher": "By teacher", "by_size": "By model size"}
@@ -44,8 +45,8 @@ def bench_section(record: dict, rel) -> list[str]:
     return parts
 
 
-def claims_section(tables_dir: Path, figures: list[Path], rel) -> list[str]:
-    parts = ["## The paper's claims on this grid\n", METHOD,
+def claims_section(tables_dir: Path, figures: list[Path], rel, grid: Grid) -> list[str]:
+    parts = ["## The paper's claims on this grid\n", method(grid),
              (tables_dir / "claims.md").read_text(),
              f"CSV and LaTeX: `{rel(tables_dir / 'claims')}.csv`, `.tex`\n"]
     return parts + [f"![claims]({rel(p)})\n" for p in figures if p.name == "claims.png"]
@@ -60,10 +61,10 @@ def cost_section(tables_dir: Path, rel) -> list[str]:
 
 
 def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], out: Path,
-                 tables: list[str], title: str = "linvit ablation report",
+                 grid: Grid, title: str = "linvit ablation report",
                  bench: dict | None = None, robustness: Path | None = None,
-                 dense: Path | None = None, axes=()) -> None:
-    out = Path(out)
+                 dense: Path | None = None) -> None:
+    out, tables, axes = Path(out), grid.tables, grid.axis_names
     rel = lambda p: os.path.relpath(p, out.parent)  # noqa: E731
     counts = results[results["kind"] == "cell"]["status"].value_counts().to_dict()
     parts = [f"# {title}\n",
@@ -78,7 +79,7 @@ def write_report(results: pd.DataFrame, tables_dir: Path, figures: list[Path], o
         parts += [f"## {section_title(name)}\n", (tables_dir / f"{name}.md").read_text(),
                   f"CSV and LaTeX: `{rel(tables_dir / name)}.csv`, `.tex`\n"]
     if "claims" in tables:
-        parts += claims_section(tables_dir, figures, rel)
+        parts += claims_section(tables_dir, figures, rel, grid)
     if "time_to_target" in tables:
         parts += cost_section(tables_dir, rel)
     parts.append("## Figures\n")
@@ -113,6 +114,6 @@ def run_step(a) -> None:
     bench = json.loads(Path(a.bench_record).read_text()) if a.bench_record else None
     grid = read_grid(a.grid)
     write_report(read_csv(a.results, grid), Path(a.tables), [Path(f) for f in a.figures],
-                 Path(a.out), grid.tables, bench=bench, axes=grid.axis_names,
+                 Path(a.out), grid, bench=bench,
                  robustness=Path(a.robustness_section) if a.robustness_section else None,
                  dense=Path(a.dense_section) if a.dense_section else None)

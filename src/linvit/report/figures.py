@@ -117,34 +117,65 @@ def distill_layers(layers: pd.DataFrame, grid: Grid, out: Path) -> None:
     save(fig, out)
 
 
+VERDICT_COLOURS = {"holds": "tab:green", "does not hold": "tab:red", "undecided": "tab:gray",
+                   "no benefit to carry": "tab:olive"}
+
+
+def _claim_rows(found: list, grid: Grid) -> list[str]:
+    """(the forest plot's rows, each verdict's row): each student (operator, then its group's
+    values), then each group's pooled estimate, in the order the verdicts came."""
+    labels, axes = [], set(grid.varying())
+    for v in found:
+        where = ", ".join(f"{k}={v.where[k]}" if k in axes else str(v.where[k])
+                          for k in grid.group if k in v.where)
+        labels.append(f"{v.where['operator']} ({where})" if not v.is_pooled
+                      else f"pooled ({where})")
+    return list(dict.fromkeys(labels)), labels
+
+
 def claims_figure(results: pd.DataFrame, grid: Grid, out: Path) -> None:
-    """One panel per claim: each student's contrast (its seeds as dots, the mean with its 95%
-    CI), the pooled estimate over students (black), and the threshold the claim must clear."""
-    from linvit.report.claims import CLAIMS, verdicts
+    """A forest plot: students as rows (each group's pooled estimate last), one panel per claim,
+    each contrast's mean and 95% CI coloured by its verdict, the threshold dashed and the side
+    on which the claim holds shaded; one legend, outside the panels."""
+    import textwrap
+
+    from linvit.report.claims import CLAIMS, margins_of, verdicts
 
     found = verdicts(results, grid)
-    claims = [c for c in CLAIMS if any(v.claim is c for v in found)] or CLAIMS
-    fig, axes = new_figure(len(claims), width=3.6, height=3.8)
+    claims = [c for c in CLAIMS if any(v.claim is c for v in found)] or CLAIMS[:1]
+    rows, labels = _claim_rows(found, grid)
+    fig, axes = new_figure(len(claims), width=2.4, height=0.32 * len(rows) + 1.6)
     for ax, claim in zip(axes, claims):
-        part = [v for v in found if v.claim is claim]
-        several = len({tuple(v.where.get(k) for k in grid.group) for v in part
-                       if not v.is_pooled}) > 1
-        labels = []
-        for x, v in enumerate(part):
-            e, color = v.estimate, "k" if v.is_pooled else f"C{x % 10}"
-            ax.plot([x] * len(e.values), e.values, "o", ms=3, color=color, alpha=0.35)
+        threshold = claim.threshold(margins_of(grid))
+        for v, label in zip(found, labels):
+            if v.claim is not claim or v.estimate is None:
+                continue
+            e, y = v.estimate, rows.index(label)
             err = None if e.half_width is None else [[e.half_width], [e.half_width]]
-            ax.errorbar([x], [e.mean], yerr=err, fmt="D" if v.is_pooled else "s", ms=6,
-                        color=color, capsize=4)
-            where = "/".join([str(v.where[k]) for k in ("dataset", "size") if k in v.where]
-                             + [f"{k}={v.where[k]}" for k in grid.varying() if k in v.where])
-            labels.append("pooled" if v.is_pooled else
-                          f"{v.where['operator']}\n{where}" if several else v.where["operator"])
-        ax.axhline(claim.threshold, color="grey", ls="--", lw=1)
-        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
-        ax.set_ylabel(f"{claim.contrast} (top-1 points)", fontsize=7)
-        ax.set_title(claim.name.replace("_", " "), fontsize=9)
+            ax.errorbar([e.mean], [y], xerr=err, fmt="D" if v.is_pooled else "o", ms=4,
+                        color=VERDICT_COLOURS.get(v.verdict, "k"), capsize=2)
+        ax.axvline(threshold, color="k", ls="--", lw=0.8)
+        low, high = ax.get_xlim()
+        span = (threshold, max(high, threshold + 1)) if claim.side == "above" else (
+            min(low, threshold - 1), threshold)
+        ax.axvspan(*span, color="tab:green", alpha=0.07, lw=0)
+        ax.set_xlim(min(low, span[0]), max(high, span[1]))
+        ax.set_yticks(range(len(rows)), rows if ax is axes[0] else [""] * len(rows), fontsize=7)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_title("\n".join(textwrap.wrap(f"{claim.finding} {claim.condition(margins_of(grid))}",
+                                             28)), fontsize=7)
+        ax.tick_params(axis="x", labelsize=7)
+    handles = [plt_line(colour, verdict) for verdict, colour in VERDICT_COLOURS.items()]
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4,
+               fontsize=7, title="verdict (top-1 points; shaded: where the claim holds)",
+               title_fontsize=7)
     save(fig, out)
+
+
+def plt_line(colour: str, label: str):
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], color=colour, marker="o", ls="-", label=label)
 
 
 def write_figures(results, curves, layers, grid: Grid, out_dir: str | Path) -> list[Path]:

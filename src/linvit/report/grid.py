@@ -33,6 +33,7 @@ class Grid:
     tables: list[str]
     axes: list[dict] = field(default_factory=list)   # {name, stage, values} in config order
     dense_columns: list = field(default_factory=list)
+    margins: dict = field(default_factory=dict)      # the claims' margins (claims.margins)
 
     @property
     def axis_names(self) -> list[str]:
@@ -86,4 +87,4 @@ def read_grid(path: str | Path) -> Grid:
         raise ResultsError(f"{path}: no {', '.join(lacking)} (written by an older linvit): rerun "
                          "the workflow, which rewrites it")
     return Grid(doc["cells"], doc["main_loss"], doc["orders"], doc["tables"],
-                doc.get("axes", []), doc.get("dense_columns", []))
+                doc.get("axes", []), doc.get("dense_columns", []), doc.get("margins", {}))

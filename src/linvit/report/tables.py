@@ -113,7 +113,7 @@ def write_claims(results: pd.DataFrame, grid: Grid, stem: Path) -> pd.DataFrame:
     frame = claims_frame(results, grid)
     write_text(stem.with_suffix(".csv"), frame.to_csv(index=False))
     write_text(stem.with_suffix(".md"), claims_markdown(frame, grid))
-    columns = ["operator", "n", "mean", "ci_low", "ci_high", "verdict"]
+    columns = ["operator", "n", "mean", "ci_low", "ci_high", "verdict", "holm"]
     indexed = frame.set_index(["claim", *grid.group])[columns]
     write_text(stem.with_suffix(".tex"), to_latex(indexed.round(2), CAPTIONS["claims"]))
     return frame

@@ -65,6 +65,9 @@ STRATEGIES: Registry[InitStrategy] = Registry.by_name(
                  description="distilled attention, everything else new"),
     InitStrategy("copy_mlp+distill", STEM | {"mlp"}, frozenset({"attn"}),
                  description="the paper's recipe: stem + MLPs copied, attention distilled"),
+    InitStrategy("copy_embed+distill", STEM, frozenset({"attn"}),
+                 description="control of the recipe: stem copied, attention distilled, MLPs "
+                             "new (what distillation recovers without the MLPs)"),
     InitStrategy("mimetic", frozenset(), mechanisms=(MimeticAttention(),),
                  description="data-free baseline: mimetic attention, everything else new"),
     InitStrategy("copy_mlp+mimetic", STEM | {"mlp"}, mechanisms=(MimeticAttention(),),

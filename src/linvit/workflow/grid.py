@@ -309,6 +309,7 @@ def grid_document(config: dict, cells: list[Cell]) -> dict:
         "main_loss": config["main_loss"],
         "tables": report_tables(config, cells),
         "axes": [a.as_dict() for a in axes],
+        "margins": dict((config.get("claims") or {}).get("margins") or {}),
         "orders": {
             "init": list(dict.fromkeys(config["strategies"] + config["reference_strategies"]
                                        + sub.get("strategies", []))),
