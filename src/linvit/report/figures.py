@@ -1,29 +1,30 @@
 """Result figures, each a pure function of a data frame (PNG and PDF).
 
-    accuracy_by_init     test top-1 by init strategy, one bar per operator (the paper's main figure)
-    time_to_accuracy     test top-1 against training compute of the student (distillation included)
+    accuracy_by_init     test top-1 by init strategy, a panel per student (the paper's main figure)
+    time_to_accuracy     test top-1 against training compute, a panel per student (distillation
+                         included)
     distill_layers       per-layer distillation losses and relative attention error, after
                          distillation, teacher-forced on held-out images
-    claims               each claim's paired contrast per student with its 95% CI, the pooled
-                         estimate and the threshold (linvit.report.claims)
+    claims               a forest plot: each claim's paired contrast per student with its 95% CI,
+                         the pooled estimates and the threshold (linvit.report.claims)
+
+One colour per init strategy in every figure (render.plotting.colours), one legend per figure,
+outside its panels; PNG and PDF.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.ticker import MaxNLocator, NullFormatter
 
-from linvit.render.plotting import new_figure, save
-from linvit.render.tables import rows_where, summarize
+from linvit.render.plotting import colours, legend_below, new_figure, new_grid, save
+from linvit.render.tables import rank, rows_where, summarize
 from linvit.report.grid import Grid
 
 
 def _ok(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"] == "ok"] if "status" in frame else frame
-
-
-def _panels(frame: pd.DataFrame, group: list[str]) -> list[tuple]:
-    return list(dict.fromkeys(zip(*(frame[k] for k in group))))
 
 
 def _title(names: list[str], values, builtin: int = 3) -> str:
@@ -32,66 +33,93 @@ def _title(names: list[str], values, builtin: int = 3) -> str:
     return " / ".join(parts + [f"{n}={v}" for n, v in zip(names[builtin:], values[builtin:])])
 
 
+def _student_panels(frame: pd.DataFrame, grid: Grid) -> list[tuple]:
+    """(group values, operator) of each panel: one per student, the softmax reference not one
+    of them (it is a line in its group's panels)."""
+    keys = [k for k in dict.fromkeys(zip(*(frame[c] for c in grid.student)))
+            if k[-1] != "softmax"]
+    return sorted(keys, key=lambda k: tuple(rank(grid.orders.get(c), v)
+                                            for c, v in zip(grid.student, k)))
+
+
 def accuracy_by_init(results: pd.DataFrame, grid: Grid, out: Path) -> None:
+    """Test top-1 by init strategy, one panel per (dataset, teacher, size, axes, operator): a
+    horizontal bar per strategy (its colour the same in every figure) with its 95% CI, the teacher dashed and
+    the softmax reference dotted."""
     results, group = grid.complete(results), grid.group
     cells = _ok(grid.main(results))
-    panels = _panels(cells, group)
-    fig, axes = new_figure(len(panels), width=7.5)
+    panels = _student_panels(cells, grid)
+    fig, axes = new_grid(len(panels))
+    colour = colours(grid.orders.get("init", []))
+    handles, labels = [], []
     for ax, panel in zip(axes, panels):
-        part = rows_where(cells, group, panel)
+        part = rows_where(cells, grid.student, panel)
         inits = [i for i in grid.orders["init"] if i in set(part["init"])]
-        ops = [o for o in grid.orders["operator"] if o in set(part["operator"])]
-        width = 0.8 / max(len(ops), 1)
-        for j, op in enumerate(ops):
-            stats = [summarize(part[(part["operator"] == op) & (part["init"] == i)]["top1"]
-                               .astype(float).tolist() or [float("nan")]) for i in inits]
-            xs = [k + (j - (len(ops) - 1) / 2) * width for k in range(len(inits))]
-            ax.bar(xs, [s[0] for s in stats], width, label=op,
-                   yerr=[s[1] or 0 for s in stats], capsize=2)
-        teacher = _ok(rows_where(results[results["kind"] == "teacher"], group, panel))["top1"]
-        if len(teacher):
-            ax.axhline(float(teacher.mean()), color="k", ls="--", lw=1, label="softmax teacher")
-        ax.set_xticks(range(len(inits)), inits, rotation=30, ha="right")
-        ax.set_ylabel("test top-1 (%)")
-        ax.set_title(_title(group, panel))
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        stats = [summarize(part[part["init"] == i]["top1"].astype(float).tolist()) for i in inits]
+        ax.barh(range(len(inits)), [s[0] for s in stats], 0.75, xerr=[s[1] or 0 for s in stats],
+                capsize=2, color=[colour.get(i, "grey") for i in inits])
+        where = rows_where(results, group, panel[:-1])
+        reference = _ok(grid.main(where))
+        lines = {"softmax teacher": (_ok(where[where["kind"] == "teacher"])["top1"], "--"),
+                 "softmax reference (copy_all)": (
+                     reference[reference["operator"] == "softmax"]["top1"], ":")}
+        for label, (values, style) in lines.items():
+            if len(values):
+                handles.append(ax.axvline(float(values.astype(float).mean()), color="k",
+                                          ls=style, lw=1))
+                labels.append(label)
+        ax.set_yticks(range(len(inits)), inits, fontsize=7)
+        ax.set_ylim(len(inits) - 0.5, -0.5)
+        ax.set_xlabel("test top-1 (%)", fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_title(f"{panel[-1]}\n{_title(group, panel[:-1])}", fontsize=8)
+    legend_below(fig, handles, labels)
     save(fig, out)
 
 
 def time_to_accuracy(curves: pd.DataFrame, grid: Grid, out: Path) -> None:
-    """Test top-1 against training FLOPs (distillation included), one panel per operator: the
-    mean over seeds at each evaluation, with its 95% CI as a band."""
+    """Test top-1 against training FLOPs (distillation included), one panel per (dataset,
+    teacher, size, axes, operator): a line per strategy (its colour the same in every figure;
+    a loss design of the sub-grid dashed), the mean over seeds at each evaluation with its 95%
+    CI as a band, and the target (95% of the teacher) dotted."""
     from linvit.report.cost import TARGET
 
     curves, group = grid.complete(curves), grid.group
     cells = curves[curves["kind"] == "cell"]
-    ops = [o for o in grid.orders["operator"] if o in set(cells["operator"])]
-    teachers = curves[curves["kind"] == "teacher"].sort_values("epoch").groupby(group).last()
-    fig, axes = new_figure(len(ops), width=4.4)
-    for ax, op in zip(axes, ops):
-        part = cells[cells["operator"] == op]
-        groups = list(dict.fromkeys(zip(*(part[k] for k in group))))
-        if len(groups) == 1 and groups[0] in teachers.index:     # one teacher: its target
-            ax.axhline(TARGET * teachers.loc[groups[0], "test_top1"], color="grey", ls=":",
-                       lw=1, label=f"{TARGET:.0%} of the teacher")
-        several = len(groups) > 1
-        for i, (key, run) in enumerate(part.groupby(group + ["init", "loss"], sort=False,
-                                                    dropna=False)):
-            *panel, init, loss = key
-            points = [(g["flops"].mean() / 1e9,
-                       *summarize(g["test_top1"].astype(float).tolist()))
+    teachers = curves[curves["kind"] == "teacher"]
+    panels = _student_panels(cells, grid)
+    fig, axes = new_grid(len(panels))
+    colour = colours(grid.orders.get("init", []))
+    handles, labels = [], []
+    for ax, panel in zip(axes, panels):
+        part = rows_where(cells, grid.student, panel)
+        teacher = rows_where(teachers, group, panel[:-1]).sort_values("epoch")
+        if len(teacher):
+            handles.append(ax.axhline(TARGET * float(teacher["test_top1"].iloc[-1]), color="grey",
+                                      ls=":", lw=1))
+            labels.append(f"{TARGET:.0%} of the teacher")
+        for (init, loss), run in part.groupby(["init", "loss"], sort=False, dropna=False):
+            points = [(g["flops"].mean() / 1e9, *summarize(g["test_top1"].astype(float).tolist()))
                       for _, g in run.groupby("epoch")]
-            xs, means, cis = ([p[0] for p in points], [p[1] for p in points],
-                              [p[2] or 0.0 for p in points])
-            label = (init if loss == "none" else f"{init} [{loss}]") + (
-                f" ({_title(group, panel).replace(' / ', '/')})" if several else "")
-            ax.plot(xs, means, marker="o", ms=3, color=f"C{i % 10}", label=label)
+            xs, means = [p[0] for p in points], [p[1] for p in points]
+            cis = [p[2] or 0.0 for p in points]
+            main = loss in ("none", grid.main_loss)
+            label = init if main else f"{init} [{loss}]"
+            (line,) = ax.plot(xs, means, marker="o", ms=3, color=colour.get(init, "grey"),
+                              ls="-" if main else "--")
             ax.fill_between(xs, [m - c for m, c in zip(means, cis)],
-                            [m + c for m, c in zip(means, cis)], color=f"C{i % 10}", alpha=0.15)
-        ax.set_xlabel("student training GFLOPs (distillation included)")
-        ax.set_ylabel("test top-1 (%)")
-        ax.set_title(op)
-        ax.legend(fontsize=6)
+                            [m + c for m, c in zip(means, cis)], color=line.get_color(),
+                            alpha=0.12)
+            handles.append(line)
+            labels.append(label)
+        ax.set_xlabel("training GFLOPs (distillation included)", fontsize=7)
+        ax.set_ylabel("test top-1 (%)", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(4))
+        ax.tick_params(labelsize=7)
+        ax.set_title(f"{panel[-1]}\n{_title(group, panel[:-1])}", fontsize=8)
+    order = {i: n for n, i in enumerate(grid.orders.get("init", []))}
+    pairs = sorted(zip(labels, handles), key=lambda p: order.get(p[0].split(" [")[0], -1))
+    legend_below(fig, [h for _, h in pairs], [label for label, _ in pairs])
     save(fig, out)
 
 
@@ -102,18 +130,23 @@ def distill_layers(layers: pd.DataFrame, grid: Grid, out: Path) -> None:
     group = ["dataset", "teacher", "size", *grid.varying(("teacher", "distill"))]
     metrics = ["rel_err"] + sorted(set(layers["metric"]) - {"rel_err"})
     fig, axes = new_figure(len(metrics), width=4.2)
+    handles, labels = [], []
     for ax, metric in zip(axes, metrics):
         part = layers[layers["metric"] == metric]
-        for key, run in part.groupby(group + ["operator", "loss"], sort=False, dropna=False):
+        for i, (key, run) in enumerate(part.groupby(group + ["operator", "loss"], sort=False,
+                                                    dropna=False)):
             *panel, op, loss = key
             run = run.sort_values("layer")
             where = _title(group, panel).replace(" / ", "/")
-            ax.plot(run["layer"], run["value"], marker="o", ms=3,
-                    label=f"{op} [{loss}] {where}")
+            handles += ax.plot(run["layer"], run["value"], marker="o", ms=3, color=f"C{i % 10}")
+            labels.append(f"{op} [{loss}] {where}")
         ax.set_xlabel("layer")
         ax.set_yscale("log")
-        ax.set_title("relative attention-output error" if metric == "rel_err" else metric)
-        ax.legend(fontsize=6)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_minor_formatter(NullFormatter())        # log minor labels crowd the axis
+        ax.set_title("relative attention-output error" if metric == "rel_err" else metric,
+                     fontsize=9)
+    legend_below(fig, handles, labels)
     save(fig, out)
 
 
@@ -165,6 +198,7 @@ def claims_figure(results: pd.DataFrame, grid: Grid, out: Path) -> None:
         ax.set_title("\n".join(textwrap.wrap(f"{claim.finding} {claim.condition(margins_of(grid))}",
                                              28)), fontsize=7)
         ax.tick_params(axis="x", labelsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(3, prune="both"))   # no label at a panel's edge
     handles = [plt_line(colour, verdict) for verdict, colour in VERDICT_COLOURS.items()]
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4,
                fontsize=7, title="verdict (top-1 points; shaded: where the claim holds)",

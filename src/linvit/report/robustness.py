@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from linvit.io import write_text
-from linvit.render.plotting import new_figure, save
+from linvit.render.plotting import colours, legend_below, new_figure, save
 from linvit.render.tables import cell_text, rank, rows_where, to_markdown, write_table
 from linvit.report.collect import unique_keys
 from linvit.report.grid import Grid
@@ -140,16 +140,20 @@ def robustness_figure(frame: pd.DataFrame, grid: Grid, out: Path) -> None:
         return [rows["clean_subset"].mean(), *(rows[f"severity_{s}"].mean() for s in severities)]
     teacher = ok[ok["init"] == TEACHER]
     where = "".join(f", {n}={v}" for n, v in zip(group[3:], groups[0][3:] if groups else ()))
+    colour, handles, labels = colours(orders.get("init", [])), [], []
     for ax, op in zip(axes, operators):
         if len(teacher) and severities:
-            ax.plot(xs, curve(teacher), "k--", label="softmax teacher")
+            handles += ax.plot(xs, curve(teacher), "k--")
+            labels.append("softmax teacher")
         cells = ok[(ok["operator"] == op) & (ok["init"] != TEACHER)]
         for init, rows in sorted(cells.groupby("init"), key=lambda g: rank(orders.get("init"),
                                                                           g[0])):
             if severities:
-                ax.plot(xs, curve(rows), marker="o", ms=3, label=init)
+                handles += ax.plot(xs, curve(rows), marker="o", ms=3,
+                                   color=colour.get(init, "grey"))
+                labels.append(init)
         ax.set(title=op + where, xlabel="severity (0: clean)", ylabel="top-1 (%)", xticks=xs)
-        ax.legend(fontsize=6)
+    legend_below(fig, handles, labels)
     save(fig, out)
 
 
