@@ -44,8 +44,8 @@ def _student_panels(frame: pd.DataFrame, grid: Grid) -> list[tuple]:
 
 def accuracy_by_init(results: pd.DataFrame, grid: Grid, out: Path) -> None:
     """Test top-1 by init strategy, one panel per (dataset, teacher, size, axes, operator): a
-    horizontal bar per strategy (its colour the same in every figure) with its 95% CI, the teacher dashed and
-    the softmax reference dotted."""
+    horizontal bar per strategy (its colour the same in every figure) with its 95% CI, the
+    teacher dashed and the softmax reference dotted."""
     results, group = grid.complete(results), grid.group
     cells = _ok(grid.main(results))
     panels = _student_panels(cells, grid)
