@@ -33,7 +33,7 @@ STAGES = {
         "layer-wise attention distillation from a softmax teacher",
         "linvit.transfer.stages:run_distill", "linvit.transfer.config:DistillConfig",
         outputs=("model.safetensors", "train.jsonl", "student_init.json", "trained.json"),
-        scratch=("checkpoint.safetensors", "init_metrics.json"),
+        scratch=("checkpoint.safetensors", "init_metrics.json", "init_quality.json"),
         optional=("model_ema.safetensors",)
     ),
     "init": Stage(

@@ -183,8 +183,10 @@ def test_every_figure_shows_both_axes_values(tmp_path):
                            "flops": 1e9, "compute_s": 1.0, "test_top1": r["top1"]}
                           for r in frame.to_dict("records")])
     layers = pd.DataFrame([{"kind": "distill", **MODEL, "operator": "linear", "loss": "out",
-                            "d_epochs": d, "ft_lr": None, "metric": "rel_err", "layer": 0,
-                            "value": 0.1} for d in D])
+                            "d_epochs": d, "ft_lr": None, "phase": phase, "epoch": 1,
+                            "metric": "rel_err", "layer": layer, "value": 0.1}
+                           for d in D for phase in ("epoch", "end", "random", "copied")
+                           for layer in (0, 1)])
     drawn = {"accuracy_by_init": lambda: figures.accuracy_by_init(frame, GRID, tmp_path / "a"),
              "time_to_accuracy": lambda: figures.time_to_accuracy(curve, GRID, tmp_path / "t"),
              "claims": lambda: figures.claims_figure(frame, GRID, tmp_path / "c")}

@@ -101,7 +101,8 @@ def test_collect_tables_report_match_the_expected_files(tmp_path, monkeypatch):
     report_cli(root, "collect", "--grid", "fixture/grid.json", "--out", "fixture",
                *[j["out"] for j in jobs])
     report_cli(root, "tables", "--grid", "fixture/grid.json", "--results", "fixture/results.csv",
-               "--curves", "fixture/curves.csv", "--out", "fixture/tables")
+               "--curves", "fixture/curves.csv", "--layers", "fixture/distill_layers.csv",
+               "--out", "fixture/tables")
     report_cli(root, "report", "--grid", "fixture/grid.json", "--results", "fixture/results.csv",
                "--tables", "fixture/tables", "--figures", *FIGURES, "--out", "fixture/report.md")
     produced = {k: v for k, v in files_under(root / "fixture").items() if k not in before}

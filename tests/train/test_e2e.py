@@ -42,6 +42,20 @@ def test_cli_stages_chain_and_leave_their_records(mnist_root, tmp_path):
     assert metrics["student"]["copied"] == {"teacher": 56, "distilled": 42}
     history = read_jsonl(student / "train.jsonl")
     assert [r["epoch"] for r in history] == [1, 2] and "train_kd" in history[0]
+    # the distillation's quality: before, references, every epoch, the end, free-running
+    quality = metrics["distill"]["quality"]
+    assert set(quality) == {"before", "random", "copied", "free"}
+    assert quality["before"] == quality["random"]        # attn_init random: the same start
+    layers = {f"tf_{m}/L{l}" for m in ("rel_err", "map_kl") for l in range(6)}
+    assert layers <= set(quality["copied"]) and layers <= set(metrics["distill"])
+    assert all(metrics["distill"][f"tf_rel_err/L{l}"] < quality["random"][f"tf_rel_err/L{l}"]
+               for l in range(6))                       # distillation brought it closer
+    assert {f"test_tf_rel_err/L{l}" for l in range(6)} <= set(
+        read_jsonl(distilled / "train.jsonl")[-1])
+    assert set(quality["free"]) == {"logit_kl", "agreement", "top1"}
+    assert 0 <= quality["free"]["agreement"] <= 100 and quality["free"]["logit_kl"] >= 0
+    moved = metrics["student"]["attn_moved"]
+    assert sorted(moved) == [f"L{l}" for l in range(6)] and all(v > 0 for v in moved.values())
     config = yaml.safe_load((student / "config.yaml").read_text())
     assert config["stage"] == "finetune" and config["config"]["kd"]["weight"] == 0.5
 

@@ -2,12 +2,15 @@
 learn."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from linvit.transfer.distill import DistillObjective, GradCensus, freeze_except
 from linvit.transfer.init import apply_init
 from linvit.transfer.losses import LOSSES
+from linvit.transfer.quality import layer_quality, map_kl
 from linvit.transfer.stages import distill_student_strategy
 
 from conftest import make_model, perturb
@@ -143,3 +146,38 @@ def test_each_loss_counts_its_training_flops(tiny_spec, loss):
             flops.attention_flops(s) + flops.mlp_flops(s))
     else:
         assert objective.flops_per_image() > logged + depth * 2 * flops.attention_flops(s)
+
+
+def test_the_map_kl_is_the_kl_of_each_row_summed():
+    p = torch.tensor([[[[0.5, 0.5], [0.9, 0.1]]]])
+    q = torch.tensor([[[[0.25, 0.75], [0.9, 0.1]]]])
+    want = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)      # the second row: 0
+    assert map_kl(p, q).item() == pytest.approx(want)
+    assert map_kl(p, p).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_a_student_equal_to_its_teacher_has_no_error_and_a_changed_layer_has_its_own(tiny_spec):
+    teacher, student = distill_pair(tiny_spec, operator="softmax", attn_init="teacher")
+    objective = DistillObjective(student, teacher, {"attn_out_mse": 1.0})
+    images = torch.randn(3, 1, 28, 28)
+    same = {k: (v[0] / v[1]).item() for k, v in layer_quality(objective, images).items()}
+    assert set(same) == {f"{m}/L{l}" for m in ("rel_err", "map_kl") for l in range(6)}
+    assert all(v == pytest.approx(0.0, abs=1e-6) for v in same.values())
+    with torch.no_grad():
+        student.blocks[3].attn.qkv.weight.mul_(1.3)     # layer 3's map and output change
+    changed = {k: (v[0] / v[1]).item() for k, v in layer_quality(objective, images).items()}
+    assert changed["rel_err/L3"] > 1e-4 and changed["map_kl/L3"] > 1e-6
+    assert all(changed[f"rel_err/L{l}"] == pytest.approx(0.0, abs=1e-6) for l in (0, 1, 2, 4, 5))
+    # the relative error is the squared distance over the teacher's, by hand on layer 3
+    trace = objective.teacher_trace(images)
+    h, target = trace[("attn_in", 3)], trace[("attn_out", 3)]
+    own = student.blocks[3].attn(h)
+    assert changed["rel_err/L3"] == pytest.approx(
+        ((own - target).pow(2).sum() / target.pow(2).sum()).item(), rel=1e-5)
+
+
+def test_an_operator_without_a_stochastic_map_has_no_map_kl(tiny_spec):
+    teacher, student = distill_pair(tiny_spec, operator="gla")
+    objective = DistillObjective(student, teacher, {"attn_out_mse": 1.0})
+    names = set(layer_quality(objective, torch.randn(2, 1, 28, 28)))
+    assert names == {f"rel_err/L{l}" for l in range(6)}

@@ -157,4 +157,23 @@ def test_the_grid_document_names_the_axes_and_their_tables():
     assert doc["orders"]["ft_lr"] == ["low", "high"]
     # an axis of one value has no table of its own
     assert doc["tables"] == ["main", "claims", "time_to_target", "loss_design",
-                             "by_distill_epochs", "by_ft_lr"]
+                             "distill_quality", "by_distill_epochs", "by_ft_lr"]
+
+
+def test_replicated_distillations_give_each_seed_its_own():
+    """replicate_distillations: the cells of seed s take the distillation made with seed s."""
+    config = {**default_config(), "replicate_distillations": True}
+    jobs = plan(config)
+    distills = jobs.of("distill")
+    assert len(distills) == len(config["operators"]) * len(config["seeds"])
+    for job in distills:
+        seed = job.key["seed"]
+        assert job.folder.endswith(f"/out/seed{seed}") and f"run.seed={seed}" in job.words()
+    for cell in jobs.of("cell"):
+        if "distill" in cell.key["init"]:
+            distill = jobs.find("distill", cell.wildcards)
+            assert distill.key["seed"] == cell.key["seed"] and cell.inputs[1] == distill.output
+    plain = plan(default_config()).of("distill")
+    assert len(plain) == len(config["operators"]) and all(
+        "seed" not in j.key and f"run.seed={config.get('teacher_seed', 0)}" in j.words()
+        for j in plain)

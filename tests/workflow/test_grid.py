@@ -118,12 +118,14 @@ def test_teacher_axis_makes_selects_and_probes_each_teacher(tmp_path, monkeypatc
 def test_an_axis_table_exists_only_where_its_axis_has_two_values(tmp_path):
     config = default_config()
     assert grid.report_tables(config, grid.expand_grid(config)) == [
-        "main", "claims", "time_to_target"]
+        "main", "claims", "time_to_target", "distill_quality"]
     sub = loss_grid_config()
-    assert grid.report_tables(sub, grid.expand_grid(sub))[-1] == "loss_design"
+    assert grid.report_tables(sub, grid.expand_grid(sub))[3] == "loss_design"
     wide = {**config, "sizes": ["cpu96", "cpu192"], "loss_grid": None}
     assert grid.report_tables(wide, grid.expand_grid(wide)) == [
-        "main", "claims", "time_to_target", "by_size"]
+        "main", "claims", "time_to_target", "distill_quality", "by_size"]
+    plain = {**config, "strategies": ["random", "copy_mlp"]}         # nothing distilled
+    assert "distill_quality" not in grid.report_tables(plain, grid.expand_grid(plain))
     taught = teacher_axis_config(tmp_path)
     assert "by_teacher" in grid.report_tables(taught, grid.expand_grid(taught))
     assert grid.grid_document(taught, grid.expand_grid(taught))["tables"] == \

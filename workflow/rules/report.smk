@@ -41,6 +41,7 @@ rule tables:
         grid=OUT.grid,
         results=OUT.collected("results"),
         curves=OUT.collected("curves"),
+        layers=OUT.collected("distill_layers"),
         code=code("tables"),
     output:
         [OUT.table(name, fmt) if fmt != "md" else
@@ -52,7 +53,8 @@ rule tables:
         out=OUT.tables,
     shell:
         "{REPORT} tables --grid {input.grid:q} --results {input.results:q}"
-        " --curves {input.curves:q} --out {params.out:q} > {log:q} 2>&1"
+        " --curves {input.curves:q} --layers {input.layers:q} --out {params.out:q}"
+        " > {log:q} 2>&1"
 
 
 rule figures:

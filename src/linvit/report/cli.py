@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     for q in (t, f):
         q.add_argument("--curves", required=True)
     f.add_argument("--layers", required=True)
+    t.add_argument("--layers", help="distill_layers.csv (the distillation-quality table)")
     d.add_argument("--tables", required=True)
     d.add_argument("--figures", nargs="*", default=[])
     d.add_argument("--bench-record", help="the bench job's record.json (a section of the report)")

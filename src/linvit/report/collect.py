@@ -54,6 +54,10 @@ def results_frame(records: list[dict], grid: Grid | None = None,
         m = r.get("metrics", {})
         row.update({("test_loss" if k == "loss" else k): m.get(k) for k in METRICS})
         row["init_top1"] = (m.get("init") or {}).get("top1")
+        free = (m.get("quality") or {}).get("free") or {}
+        row.update({f"free_{k}": free.get(k) for k in ("logit_kl", "agreement", "top1")})
+        moved = m.get("attn_moved") or {}
+        row["attn_moved"] = sum(moved.values()) / len(moved) if moved else None
         row.update(_flat(r.get("config", {}), "config."))
         rows.append(row)
     seen = unique_keys(records, key)
@@ -123,17 +127,40 @@ def curves_frame(records: list[dict], grid: Grid | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=_key_columns(grid) + CURVE)
 
 
+LAYER_COLUMNS = ["phase", "epoch", "metric", "layer", "value"]
+
+
+def _layer_rows(base: dict, values: dict, prefix: str, phase: str, epoch) -> list[dict]:
+    """One row per `<prefix><metric>/L<layer>` entry of `values`."""
+    rows = []
+    for name, value in values.items():
+        if name.startswith(prefix) and "/L" in name:
+            metric, layer = name[len(prefix):].rsplit("/L", 1)
+            rows.append({**base, "phase": phase, "epoch": epoch, "metric": metric,
+                         "layer": int(layer), "value": value})
+    return rows
+
+
 def distill_frame(records: list[dict], grid: Grid | None = None) -> pd.DataFrame:
-    """Teacher-forced per-layer quantities of each distillation (tf_<name>/L<layer>)."""
+    """Teacher-forced per-layer quantities of each distillation (linvit.transfer.quality), by
+    phase: "before" its first step, "epoch" after each evaluated epoch (train.jsonl), "end", and
+    the references in its operator, "random" and "copied" attention."""
     rows = []
     for r in records:
         if r["kind"] != "distill" or r["status"] != "ok":
             continue
-        for name, value in r["metrics"].items():
-            if name.startswith("tf_") and "/L" in name:
-                metric, layer = name[3:].rsplit("/L", 1)
-                rows.append({**_key(r), "metric": metric, "layer": int(layer), "value": value})
-    return pd.DataFrame(rows, columns=_key_columns(grid) + ["metric", "layer", "value"])
+        m, base = r["metrics"], _key(r)
+        quality = m.get("quality") or {}
+        rows += _layer_rows(base, quality.get("before") or {}, "tf_", "before", 0)
+        log = Path(r["run_dir"]) / "train.jsonl"
+        for epoch in read_jsonl(log) if log.is_file() else []:
+            rows += _layer_rows(base, epoch, "test_tf_", "epoch", epoch["epoch"])
+        rows += _layer_rows(base, m, "tf_", "end", m.get("epochs"))
+        for reference in ("random", "copied"):
+            rows += _layer_rows(base, quality.get(reference) or {}, "tf_", reference, None)
+    frame = pd.DataFrame(rows, columns=_key_columns(grid) + LAYER_COLUMNS)
+    frame["epoch"] = frame["epoch"].astype("Int64")
+    return frame
 
 
 def _key_columns(grid: Grid | None) -> list[str]:

@@ -16,7 +16,8 @@ from linvit.io import write_text
 from linvit.report.claims import method
 from linvit.report.grid import Grid
 
-SECTIONS = {"main": "Main table", "loss_design": "Loss design", "by_dataset": "By dataset",
+SECTIONS = {"main": "Main table", "loss_design": "Loss design",
+            "distill_quality": "Distillation quality", "by_dataset": "By dataset",
             "by_teacher": "By teacher", "by_size": "By model size"}
 
 

@@ -3,8 +3,8 @@
     accuracy_by_init     test top-1 by init strategy, a panel per student (the paper's main figure)
     time_to_accuracy     test top-1 against training compute, a panel per student (distillation
                          included)
-    distill_layers       per-layer distillation losses and relative attention error, after
-                         distillation, teacher-forced on held-out images
+    distill_layers       per-layer relative attention error over the distillation's epochs, a
+                         panel per distillation, the references in its operator as lines
     claims               a forest plot: each claim's paired contrast per student with its 95% CI,
                          the pooled estimates and the threshold (linvit.report.claims)
 
@@ -124,28 +124,45 @@ def time_to_accuracy(curves: pd.DataFrame, grid: Grid, out: Path) -> None:
 
 
 def distill_layers(layers: pd.DataFrame, grid: Grid, out: Path) -> None:
-    """One panel per quantity: the relative attention-output error (comparable across designs),
-    then each distillation loss, per layer, on held-out images, teacher-forced; a line per
-    distillation (its teacher model, teacher and distill axes, operator and loss design)."""
-    group = ["dataset", "teacher", "size", *grid.varying(("teacher", "distill"))]
-    metrics = ["rel_err"] + sorted(set(layers["metric"]) - {"rel_err"})
-    fig, axes = new_figure(len(metrics), width=4.2)
+    """The relative attention-output error per layer (teacher-forced, held-out images), a panel
+    per distillation: before its first step, after each evaluated epoch (lighter to darker) and
+    at the end, with the two references in its operator as lines: its attention new (dashed)
+    and the teacher's softmax weights copied into it (dotted)."""
+    from matplotlib import colormaps
+
+    from linvit.report.distillation import distill_key
+
+    key = distill_key(grid)
+    errors = layers[layers["metric"] == "rel_err"]
+    panels = list(dict.fromkeys(zip(*(errors[k] for k in key))))
+    fig, axes = new_grid(len(panels))
     handles, labels = [], []
-    for ax, metric in zip(axes, metrics):
-        part = layers[layers["metric"] == metric]
-        for i, (key, run) in enumerate(part.groupby(group + ["operator", "loss"], sort=False,
-                                                    dropna=False)):
-            *panel, op, loss = key
-            run = run.sort_values("layer")
-            where = _title(group, panel).replace(" / ", "/")
-            handles += ax.plot(run["layer"], run["value"], marker="o", ms=3, color=f"C{i % 10}")
-            labels.append(f"{op} [{loss}] {where}")
-        ax.set_xlabel("layer")
+    for ax, panel in zip(axes, panels):
+        part = rows_where(errors, key, panel)
+        epochs = sorted(part[part["phase"] == "epoch"]["epoch"].dropna().unique())
+        ramp = colormaps["viridis"]
+        curves = [("before", "before distillation", ramp(0.0), "-")]
+        curves += [(("epoch", e), f"after epoch {e}", ramp((i + 1) / (len(epochs) + 1)), "-")
+                   for i, e in enumerate(epochs)]
+        curves += [("random", "ref.: new attention", "grey", "--"),
+                   ("copied", "ref.: copied softmax", "k", ":")]
+        for phase, label, colour, style in curves:
+            rows = (part[(part["phase"] == "epoch") & (part["epoch"] == phase[1])]
+                    if isinstance(phase, tuple) else part[part["phase"] == phase])
+            if rows.empty:
+                continue
+            rows = rows.sort_values("layer")
+            handles += ax.plot(rows["layer"], rows["value"], marker="o", ms=3, color=colour,
+                               ls=style)
+            labels.append(label)
         ax.set_yscale("log")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_minor_formatter(NullFormatter())        # log minor labels crowd the axis
-        ax.set_title("relative attention-output error" if metric == "rel_err" else metric,
-                     fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("layer", fontsize=8)
+        ax.set_ylabel("relative attention-output error", fontsize=7)
+        ax.tick_params(labelsize=7)
+        *where, op, loss = panel
+        ax.set_title(f"{op} [{loss}]\n{_title(key[:-2], where)}", fontsize=8)
     legend_below(fig, handles, labels)
     save(fig, out)
 

@@ -6,6 +6,7 @@
     by_<axis>     rows: every other grouping x operator x init strategy, columns: the axis's
                   values (dataset, teacher, size, and each config axis)
     claims        the paper's claims decided from paired contrasts over seeds (report.claims)
+    distill_quality  each distillation's quality against its references (report.distillation)
 
 Only the tables the grid document names are written: an axis of one value has no table.
 A grid cell that has not run reads "missing", one whose job failed "failed": never dropped.
@@ -16,8 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from linvit.errors import ResultsError
 from linvit.io import write_text
 from linvit.render.tables import cell_text, rank, to_latex, write_table
+from linvit.report import distillation
 from linvit.report.grid import Grid
 
 
@@ -84,6 +87,7 @@ CAPTIONS = {
                       "top-1 (distillation included; mean over seeds)",
     "claims": "The paper's claims: paired contrasts in test top-1 points, mean ± 95% CI over "
               "seeds, and their verdicts",
+    "distill_quality": distillation.CAPTION,
 }
 AXIS_CAPTIONS = {"dataset": "dataset", "teacher": "teacher", "size": "model size"}
 
@@ -120,7 +124,7 @@ def write_claims(results: pd.DataFrame, grid: Grid, stem: Path) -> pd.DataFrame:
 
 
 def write_tables(results: pd.DataFrame, curves: pd.DataFrame, grid: Grid,
-                 out_dir: str | Path) -> dict[str, pd.DataFrame]:
+                 out_dir: str | Path, layers: pd.DataFrame | None = None) -> dict:
     """The grid document's tables as CSV, Markdown and LaTeX."""
     from linvit.report.cost import time_to_target
 
@@ -131,6 +135,11 @@ def write_tables(results: pd.DataFrame, curves: pd.DataFrame, grid: Grid,
             continue
         if name == "time_to_target":
             tables[name] = time_to_target(results, curves, grid)
+        elif name == "distill_quality":
+            if layers is None:
+                raise ResultsError("the distill_quality table reads distill_layers.csv: give "
+                                   "--layers")
+            tables[name] = distillation.quality_table(results, layers, grid)
         else:
             tables[name] = build_table(name, results, grid)
         write_table(tables[name], Path(out_dir) / name, caption(name))
@@ -142,4 +151,5 @@ def run_step(a) -> None:
     from linvit.report.grid import read_grid
 
     grid = read_grid(a.grid)
-    write_tables(read_csv(a.results, grid), read_csv(a.curves, grid), grid, a.out)
+    write_tables(read_csv(a.results, grid), read_csv(a.curves, grid), grid, a.out,
+                 read_csv(a.layers, grid) if a.layers else None)

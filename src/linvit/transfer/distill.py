@@ -19,6 +19,7 @@ from linvit.errors import ConfigError
 from linvit.models.sizes import get_size
 from linvit.transfer.groups import group_of
 from linvit.transfer.losses import get_loss
+from linvit.transfer.quality import MAX_BATCHES, teacher_forced
 
 
 class DistillObjective(nn.Module):
@@ -36,12 +37,20 @@ class DistillObjective(nn.Module):
         self.targets = {loss.target for loss, _ in self.losses}
         self.temperature = temperature
         self._trace: dict = {}
+        self._hooks = []
         for l in self.layers:
             block = self.teacher.blocks[l]
-            block.register_forward_pre_hook(self._keep(("block_in", l), arg=True))
-            block.register_forward_hook(self._keep(("block_out", l)))
-            block.attn.register_forward_hook(self._keep(("attn_in", l), arg=True))
-            block.attn.register_forward_hook(self._keep(("attn_out", l)))
+            self._hooks += [
+                block.register_forward_pre_hook(self._keep(("block_in", l), arg=True)),
+                block.register_forward_hook(self._keep(("block_out", l))),
+                block.attn.register_forward_hook(self._keep(("attn_in", l), arg=True)),
+                block.attn.register_forward_hook(self._keep(("attn_out", l)))]
+
+    def remove_hooks(self) -> None:
+        """Leave the teacher as it was (an objective made for one measurement)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
 
     def _keep(self, key, arg: bool = False):
         if arg:
@@ -82,12 +91,14 @@ class DistillObjective(nn.Module):
         return total
 
     @torch.no_grad()
-    def teacher_trace(self, images: torch.Tensor) -> dict:
+    def teacher_trace(self, images: torch.Tensor, maps: bool = False) -> dict:
+        """The teacher's inputs and outputs of every distilled layer, its logits, and (with a
+        map loss, or `maps`) its attention maps."""
         self._trace = {}
         logits = self.teacher(images)
         trace, self._trace = self._trace, {}
         trace["logits"] = logits
-        if "attn_map" in self.targets:
+        if maps or "attn_map" in self.targets:
             for l in self.layers:
                 attn = self.teacher.blocks[l].attn
                 q, k, _ = attn.project(trace[("attn_in", l)])
@@ -130,9 +141,11 @@ class DistillObjective(nn.Module):
 
 
 @torch.no_grad()
-def teacher_forced_errors(objective: DistillObjective, loader, rt, max_batches: int = 4) -> dict:
-    """Per-layer distillation losses and relative attention-output errors on held-out images
-    (the first `max_batches` test batches), averaged over batches and processes."""
+def teacher_forced_errors(objective: DistillObjective, loader, rt,
+                          max_batches: int = MAX_BATCHES) -> dict:
+    """On held-out images (the first `max_batches` test batches, every process's): each
+    distillation loss per layer (tf_<loss>/L<l>, averaged over batches), and the quality
+    measures of linvit.transfer.quality (tf_rel_err/L<l>, tf_map_kl/L<l>)."""
     objective.eval()
     names, sums, batches = None, None, 0
     for i, (images, _) in enumerate(loader.batches(0)):
@@ -140,13 +153,15 @@ def teacher_forced_errors(objective: DistillObjective, loader, rt, max_batches: 
             break
         with rt.autocast():
             _, logs = objective(images.to(rt.device))
-        names = names or sorted(logs)
-        values = torch.stack([logs[k].float() for k in names])
+        names = names or sorted(k for k in logs if not k.startswith("rel_err/"))
+        values = torch.stack([logs[k].float() for k in names] or [torch.zeros(())])
         sums = values if sums is None else sums + values
         batches += 1
     sums = rt.all_reduce_sum(torch.cat([sums, torch.tensor([batches], device=sums.device,
                                                            dtype=sums.dtype)]))
-    return {f"tf_{k}": (sums[i] / sums[-1]).item() for i, k in enumerate(names)}
+    losses = {f"tf_{k}": (sums[i] / sums[-1]).item() for i, k in enumerate(names)}
+    quality = teacher_forced(objective, loader, rt, max_batches)
+    return {**losses, **{f"tf_{k}": v for k, v in quality.items()}}
 
 
 def freeze_except(model: nn.Module, groups) -> list[str]:

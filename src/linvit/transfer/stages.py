@@ -15,7 +15,7 @@ import logging
 import torch
 
 from linvit.errors import ConfigError
-from linvit.io import write_json
+from linvit.io import read_json, write_json
 from linvit.models import ModelSpec, create_vit, save_model
 from linvit.models.attention_copy import MAPS_KEY
 from linvit.models.checkpoint import ModelFile
@@ -36,6 +36,7 @@ from linvit.transfer.distill import (
 from linvit.transfer.groups import GROUPS, group_of
 from linvit.transfer.init import apply_init
 from linvit.transfer.kd import LogitKDObjective
+from linvit.transfer.quality import attention_moved, free_running, scoring
 from linvit.transfer.strategies import InitStrategy
 
 log = logging.getLogger("linvit")
@@ -117,6 +118,7 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
 
     init_eval = evaluate_init(student, test_loader, rt, run, info.num_classes,
                               cfg.run.eval_every > 0 and not run.checkpoint.is_file())
+    quality = start_quality(run, rt, objective, cfg, files["teacher"].state, spec, test_loader)
     ema = make_ema(student, cfg.optim)
     history = fit(objective, student, train_loader, cfg.optim, run, rt,
                   evaluate_fn=evaluate_student, eval_every=cfg.run.eval_every,
@@ -124,12 +126,35 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
                   evaluate_ema=lambda m: evaluate(m, test_loader, rt, info.num_classes))
     if rt.is_main:
         write_json(run.path / "trained.json", census.report())
+    quality["free"] = free_running(student, teacher, test_loader, rt)
     return finish_training(run, rt, student, history,
                            {"init": init_eval, "losses": cfg.distill.losses,
-                            "trained_groups": cfg.distill.train,
+                            "trained_groups": cfg.distill.train, "quality": quality,
                             "train_flops_per_image": objective.flops_per_image()},
                            model_metadata(record, files,
                                           head_trained="head" in cfg.distill.train), ema=ema)
+
+
+def start_quality(run, rt, objective, cfg: DistillConfig, teacher_state: dict, spec: ModelSpec,
+                  loader) -> dict:
+    """The distillation's quality before its first step ("before", teacher-forced) and the two
+    references in the student's operator (its attention new, "random"; the teacher's copied,
+    "copied"), measured once per run: kept across a resume in init_quality.json ("before" left
+    out for a run that resumed before it was measured)."""
+    path = run.path / "init_quality.json"
+    if path.is_file():
+        return read_json(path)
+    out = {} if run.checkpoint.is_file() else {"before": teacher_forced_errors(objective, loader,
+                                                                                rt)}
+    for name, attn_init in (("random", "random"), ("copied", "teacher")):
+        torch.manual_seed(cfg.run.seed)              # the same new tensors as the student's
+        reference = create_vit(spec)
+        apply_init(reference, distill_student_strategy(attn_init), teacher_state)
+        with scoring(objective, reference):
+            out[name] = teacher_forced_errors(objective, loader, rt)
+    if rt.is_main:
+        write_json(path, out)
+    return out
 
 
 def build_student(cfg: FinetuneConfig, info) -> tuple[torch.nn.Module, dict, dict]:
@@ -214,10 +239,25 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
     history = fit(objective, model, train_loader, cfg.optim, run, rt,
                   evaluate_fn=lambda: score(model), eval_every=cfg.run.eval_every,
                   batch_aug=batch_aug, ema=ema, evaluate_ema=score)
+    moved = moved_from_distilled(model, files, teacher, test_loader, rt)
     return finish_training(run, rt, model, history,
                            {"strategy": record["strategy"], "init": init_eval,
-                            "copied": record["summary"]},
+                            "copied": record["summary"], **moved},
                            model_metadata(record, files, head_trained=True), ema=ema)
+
+
+def moved_from_distilled(model, files: dict[str, ModelFile], teacher, loader, rt) -> dict:
+    """For a student that started from a distilled model, how far each layer's attention output
+    moved in fine-tuning (linvit.transfer.quality.attention_moved); {} for the others."""
+    if "distilled" not in files:
+        return {}
+    teacher = (teacher or files["teacher"].load()).to(rt.device)
+    objective = DistillObjective(model, teacher, {"attn_out_mse": 1.0})
+    try:
+        moved = attention_moved(objective, files["distilled"].load(), loader, rt)
+    finally:
+        objective.remove_hooks()
+    return {"attn_moved": {name.split("/")[-1]: v for name, v in moved.items()}}
 
 
 def run_select(cfg, out, replace: bool = False) -> dict:

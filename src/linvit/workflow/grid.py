@@ -70,6 +70,7 @@ class Distillation(NamedTuple):
     operator: str
     loss: str
     axes: Combo = ()                  # the teacher and distill axes' values
+    seed: int | None = None           # its cells' seed (replicate_distillations), else None
 
     @property
     def model(self) -> Model:
@@ -165,9 +166,16 @@ def imports(config: dict, cells: list[Cell]) -> list[tuple[str, str, str]]:
                               if teacher_stage(config, m.teacher, m.size) == "probe"))
 
 
+def replicated(config: dict) -> bool:
+    """Whether each seed's cells take a distillation made with that seed (its variance then in
+    the cells' intervals), or every seed the one made with teacher_seed."""
+    return bool(config.get("replicate_distillations"))
+
+
 def distillation_of(config: dict, cell: Cell) -> Distillation:
     return Distillation(cell.dataset, cell.teacher, cell.size, cell.operator, cell.loss,
-                        grid_axes(config).project(cell.axes, ["teacher", "distill"]))
+                        grid_axes(config).project(cell.axes, ["teacher", "distill"]),
+                        cell.seed if replicated(config) else None)
 
 
 def distillations(config: dict, cells: list[Cell]) -> list[Distillation]:
@@ -236,7 +244,8 @@ def distill_overrides(config: dict, distillation: Distillation, teacher_model: s
                       grid_axes(config).overrides(d.axes, "distill"),
                       {"teacher": teacher_model, "model": {"operator": d.operator},
                        "distill": {"losses": config["losses"][d.loss]},
-                       "run": {"seed": config.get("teacher_seed", 0)}})
+                       "run": {"seed": config.get("teacher_seed", 0) if d.seed is None
+                               else d.seed}})
 
 
 def finetune_overrides(config: dict, cell: Cell, teacher_model: str,
@@ -266,8 +275,9 @@ def attention_students(config: dict, cells: list[Cell]) -> list[Distillation]:
     teacher (the first value of each distill axis) that the grid makes."""
     panel, axes = attention_panel(config), grid_axes(config)
     combo = axes.first(reached(config, panel.teacher, "distill"))
+    seed = config["seeds"][0] if replicated(config) else None
     students = [Distillation(*panel[:3], op, config["main_loss"],
-                             axes.project(combo, ["teacher", "distill"]))
+                             axes.project(combo, ["teacher", "distill"]), seed)
                 for op in config["operators"]]
     done = set(distillations(config, cells))
     return [d for d in students if d in done]
@@ -296,7 +306,8 @@ def report_tables(config: dict, cells: list[Cell]) -> list[str]:
     with a loss sub-grid."""
     names = ["main", "claims", "time_to_target"] + (["loss_design"] if config.get("loss_grid")
                                                     else [])
-    return names + list(axis_tables(config, cells))
+    quality = ["distill_quality"] if any(c.needs_distill for c in cells) else []
+    return names + quality + list(axis_tables(config, cells))
 
 
 def grid_document(config: dict, cells: list[Cell]) -> dict:

@@ -45,10 +45,13 @@ class JobKind:
     threads: int = 1
     output: str = RECORD
     axes: tuple[str, ...] = ()
+    seeded: bool = False           # takes the cells' seed where a grid replicates it per seed
 
-    def bind(self, axes) -> JobKind:
-        """This kind in a grid with config axes `axes` (linvit.workflow.axes.Axes)."""
-        return dataclasses.replace(self, axes=axes.names(self.stages))
+    def bind(self, axes, replicated: bool = False) -> JobKind:
+        """This kind in a grid with config axes `axes` (linvit.workflow.axes.Axes), its jobs
+        made per seed where the grid replicates them (`seeded` kinds: distillations)."""
+        fields = (*self.fields, "seed") if self.seeded and replicated else self.fields
+        return dataclasses.replace(self, axes=axes.names(self.stages), fields=fields)
 
     @functools.cached_property
     def wildcards(self) -> tuple[str, ...]:
@@ -85,7 +88,7 @@ KINDS = {k.name: k for k in (
     JobKind("teacher", "teacher", "teachers", MODELS, ("teacher",), threads=2),
     JobKind("import", "import", "imports", MODELS, benchmark_file=False),
     JobKind("distill", "distill", "distill", (*MODELS, "operator", "loss"),
-            ("teacher", "distill")),
+            ("teacher", "distill"), seeded=True),
     JobKind("cell", "cell", "cells", CELL, ALL_STAGES),
     JobKind("maps", "maps", "maps", (*MODELS, "model"), ("teacher", "distill")),
     JobKind("corrupt", "corrupt", "robustness/corrupted", ("dataset",),

@@ -98,7 +98,8 @@ class Jobs:
 
     def __init__(self, config: dict, results: str, axes: Axes):
         self.config, self.results, self.axes, self.made = config, results, axes, []
-        self.kinds = {name: kind.bind(axes) for name, kind in KINDS.items()}
+        self.kinds = {name: kind.bind(axes, g.replicated(config))
+                      for name, kind in KINDS.items()}
         self._by: dict[tuple, Job] = {}
 
     def add(self, kind, wildcards, stage, key, overrides, field_, code, inputs=(), reads=None,
@@ -157,8 +158,10 @@ class Jobs:
                  made=model)
 
     def _distill_key(self, dist: Distillation) -> dict:
+        seed = {} if dist.seed is None else {"seed": dist.seed}
         return self._with_axes(dict(dataset=dist.dataset, teacher=dist.teacher, size=dist.size,
-                                    operator=dist.operator, loss=dist.loss), dist.axes, "distill")
+                                    operator=dist.operator, loss=dist.loss, **seed), dist.axes,
+                               "distill")
 
     def distill_of(self, dist: Distillation) -> Job:
         return self.get("distill", self._distill_key(dist))

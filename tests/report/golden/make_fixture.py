@@ -108,13 +108,24 @@ def finish_run(run_dir: Path, stage: str, metrics: dict, extra: dict) -> None:
                                           "outputs": outputs})
 
 
-def epochs(top1: float, init: float, n: int, seconds: float, images: int) -> str:
+def tf_layers(scale: float) -> dict:
+    """Teacher-forced per-layer numbers of a distillation (linvit.transfer.quality): its loss,
+    the relative attention-output error, the map KL, growing with depth."""
+    return {f"tf_{m}/L{i}": round(scale * factor * (i + 1), 4)
+            for m, factor in (("attn_out_mse", 0.5), ("rel_err", 1.0), ("map_kl", 2.0))
+            for i in range(6)}
+
+
+def epochs(top1: float, init: float, n: int, seconds: float, images: int,
+           evaluation: dict | None = None) -> str:
     lines = []
     for e in range(1, n + 1):
         acc = round(init + (top1 - init) * e / n, 2)
         lines.append(json.dumps({"epoch": e, "lr": 0.001, "test_top1": acc,
                                  "train_images": images, "train_loss": round(2.3 - acc / 50, 4),
-                                 "train_time_s": seconds}, sort_keys=True))
+                                 "train_time_s": seconds,
+                                 **{f"test_{k}": v for k, v in (evaluation or {}).items()}},
+                                sort_keys=True))
     return "\n".join(lines) + "\n"
 
 
@@ -157,13 +168,14 @@ def distill_job(root: Path, jobs: list, loss: str, result) -> None:
         write_text(root / job["log"], failed_log("distill", "non-finite loss at step 3"))
         job["status"] = 1
     else:
-        layers = {f"tf_{m}/L{i}": round(scale * (i + 1), 4)
-                  for m, scale in (("attn_out_mse", 0.05), ("rel_err", 0.1)) for i in range(6)}
         finish_run(root / run_dir, "distill",
                    {"top1": result, "loss": 1.36, "epochs": 1, "train_time_s": 90.0,
                     "init": {"top1": 10.0}, "train_images": 30000,
-                    "train_flops_per_image": 6.1e7, **layers},
-                   {"train.jsonl": epochs(result, 10.0, 1, 90.0, 30000)})
+                    "train_flops_per_image": 6.1e7, **tf_layers(0.1),
+                    "quality": {"before": tf_layers(0.8), "random": tf_layers(0.8),
+                                "copied": tf_layers(0.4),
+                                "free": {"logit_kl": 0.52, "agreement": 61.5, "top1": 55.25}}},
+                   {"train.jsonl": epochs(result, 10.0, 1, 90.0, 30000, tf_layers(0.1))})
     jobs.append(job)
 
 
@@ -186,7 +198,9 @@ def cell_job(root: Path, jobs: list, operator: str, init: str, loss: str, seed: 
                    {"top1": top1, "top5": 98.0, "loss": 0.8, "epochs": 2, "params": 684298,
                     "train_time_s": 60.0, "eval_img_per_s": 500.0, "train_img_per_s": 160.0,
                     "init": {"top1": init_top1}, "strategy": init, "train_images": 20000,
-                    "train_flops_per_image": 4.0e7},
+                    "train_flops_per_image": 4.0e7,
+                    **({"attn_moved": {f"L{i}": 0.05 * (i + 1) for i in range(6)}}
+                       if "distill" in init else {})},
                    {"train.jsonl": epochs(top1, init_top1, 2, 30.0, 10000),
                     "copied.json": json.dumps({"strategy": init}) + "\n"})
         if result == "changed":
