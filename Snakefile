@@ -32,6 +32,7 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/teacher.smk"
+include: "workflow/rules/selection.smk"
 include: "workflow/rules/transfer.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/dense.smk"

@@ -110,9 +110,19 @@ class DataCfg:
     batch_size: int = 128             # global, over all processes
     eval_batch_size: int = 500
     workers: int = 4                  # folder datasets only
+    # a validation split carved from the training split: val_size images drawn by val_seed (the
+    # same for every run that asks for them), never trained on; `evaluate_on: val` scores them
+    # instead of the test split (choosing settings on validation; the test gives final numbers)
+    val_size: int | None = None
+    val_seed: int = 0
+    evaluate_on: Literal["test", "val"] = "test"
 
     def validate(self, p: str) -> None:
         one_of(f"{p}.dataset", self.dataset, DATASETS)
+        positive(f"{p}.val_size", self.val_size)
+        if self.evaluate_on == "val" and self.val_size is None:
+            raise ConfigError(f"{p}.evaluate_on: val needs {p}.val_size (the images held out "
+                              "of the training split)")
         if self.root is not None and not getattr(DATASETS[self.dataset], "reads_root", True):
             raise ConfigError(f"{p}.root: {self.dataset} reads no folder (its data ships with "
                               f"its package); leave {p}.root unset")

@@ -39,6 +39,18 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def unflatten(flat: dict) -> dict:
+    """{'optim.lr': 0.001} -> {'optim': {'lr': 0.001}} (flatten's inverse for dotted fields)."""
+    out: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
 def non_finite(tree, prefix: str = "") -> list[str]:
     """'path=value' of every float in `tree` (nested dicts, lists) that is NaN or infinite: the
     one finiteness check of metrics, evaluations and records."""

@@ -267,6 +267,21 @@ def test_loader_contract(name, tmp_path, monkeypatch):
     with pytest.raises(DataError, match="data.test_subset: 10000 samples asked, the split has"):
         batches_of(ds, fake, "test", train=False, subset=10_000)
 
+    # a validation set held out of the training split: the same every time, and with the rest
+    # the whole split, each sample once (a multiset: fake sets may repeat an image), every image
+    # with its own label
+    def samples(batches) -> list[tuple]:
+        return sorted((round(float(x.sum()), 3), int(y))
+                      for xs, ys in batches for x, y in zip(xs, ys))
+
+    held = batches_of(ds, fake, "train", train=False, batch_size=256, holdout=(3, 7, "held"))[1]
+    rest = batches_of(ds, fake, "train", train=False, batch_size=256, holdout=(3, 7, "rest"))[1]
+    assert len(samples(held)) == 3 and samples(held + rest) == samples(train_all)
+    assert same_batches(held, batches_of(ds, fake, "train", train=False, batch_size=256,
+                                         holdout=(3, 7, "held"))[1])
+    with pytest.raises(DataError, match="data.val_size: 10000 validation samples asked"):
+        batches_of(ds, fake, "train", train=False, holdout=(10_000, 7, "held"))
+
     other = 2 * ds.image_size()
     try:
         assert ds.image_size(other) == other
@@ -439,3 +454,42 @@ def test_an_evaluation_counts_the_images_and_classes_it_scored():
 
     scored = evaluate(torch.nn.Linear(3, 10), Loader(), Runtime(torch.device("cpu")), 10)
     assert (scored["eval_samples"], scored["eval_classes"]) == (6, 2)
+
+
+def test_a_training_subset_is_drawn_from_what_the_validation_set_leaves():
+    from linvit.data.base import holdout_indices, split_indices
+
+    held = set(holdout_indices(100, 10, 4, "held").tolist())
+    rest = set(holdout_indices(100, 10, 4, "rest").tolist())
+    assert len(held) == 10 and held | rest == set(range(100)) and not held & rest
+    assert held != set(holdout_indices(100, 10, 5, "held").tolist())     # the seed draws them
+    trained = set(split_indices(100, 30, (10, 4, "rest"), "data.train_subset").tolist())
+    assert len(trained) == 30 and trained <= rest
+    assert split_indices(100, None, None, "x") is None
+    with pytest.raises(DataError, match="data.val_size: 100 validation samples asked"):
+        holdout_indices(100, 100, 0, "held")
+
+
+def test_evaluate_on_val_scores_the_held_out_images(mnist_root):
+    """The stage's loaders: training never sees the validation set, which evaluate_on: val
+    scores instead of the test split."""
+    from linvit.config import DataCfg
+    from linvit.runs.evaluation import make_loaders
+    from linvit.runs.runtime import Runtime
+
+    rt = Runtime(torch.device("cpu"))
+    cfg = DataCfg(dataset="fashion_mnist", root=str(mnist_root), val_size=64, val_seed=2,
+                  evaluate_on="val", batch_size=32, eval_batch_size=50)
+    _, train, scored = make_loaders(cfg, rt)
+    held = DATASETS["fashion_mnist"].loader(str(mnist_root), "train", batch_size=50, train=False,
+                                            holdout=(64, 2, "held"))
+    assert same_batches(list(scored.batches(0)), list(held.batches(0)))
+    assert scored.num_samples == 64 and train.num_samples == (512 - 64) // 32 * 32
+    _, _, test = make_loaders(DataCfg(dataset="fashion_mnist", root=str(mnist_root),
+                                      val_size=64, batch_size=32), rt)
+    assert test.num_samples == 256                          # evaluate_on test: the test split
+    with pytest.raises(ConfigError, match="data.evaluate_on: val needs data.val_size"):
+        from linvit.config import load_config
+        from linvit.transfer.config import FinetuneConfig
+
+        load_config(FinetuneConfig, None, ["data.evaluate_on=val"])

@@ -21,7 +21,8 @@ from grid_configs import ROOT, default_config, teacher_axis_config
 
 # The rule of each job kind (rule names are what Snakemake users see; kinds are what code reads).
 RULE_OF = {"teacher": "teacher", "import": "import_teacher", "distill": "distill",
-           "cell": "finetune", "maps": "attention_maps", "corrupt": "corrupt",
+           "cell": "finetune", "select_cell": "select_cell", "choose": "choose",
+           "maps": "attention_maps", "corrupt": "corrupt",
            "robustness_teacher": "robustness_teacher", "robustness_cell": "robustness_cell",
            "scenes": "scenes", "dense": "dense_job", "bench": "bench"}
 

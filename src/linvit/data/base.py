@@ -34,6 +34,31 @@ def subset_indices(n: int, k: int | None, seed: int = 0,
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k].sort().values
 
 
+def holdout_indices(n: int, held: int | None, seed: int, part: str,
+                    field: str = "data.val_size") -> torch.Tensor | None:
+    """The training split's samples `part` of a held-out validation set of `held` of its n
+    samples (drawn by `seed`): "held" those, "rest" the others, in order (None: all n, no
+    holdout). More than n - 1 is refused, naming `field`."""
+    if held is None:
+        return None
+    if not 0 < held < n:
+        raise DataError(f"{field}: {held} validation samples asked, the training split has {n}")
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[torch.randperm(n, generator=torch.Generator().manual_seed(1_000_003 + seed))[:held]] = True
+    return torch.nonzero(mask if part == "held" else ~mask).flatten()
+
+
+def split_indices(n: int, subset: int | None, holdout: tuple | None, field: str):
+    """The samples a loader reads: a holdout part (holdout: (size, seed, part) or None), then a
+    fixed subset of those (subset_indices); None: all n."""
+    base = holdout_indices(n, *holdout) if holdout else None
+    pool = n if base is None else len(base)
+    idx = subset_indices(pool, subset, field=field)
+    if base is None:
+        return idx
+    return base if idx is None else base[idx]
+
+
 class InMemoryDataset:
     """Subclasses set `info_` and implement `arrays(root, split) -> (uint8 NCHW, int64 labels)`."""
     info_: DataInfo
@@ -65,10 +90,11 @@ class InMemoryDataset:
         raise NotImplementedError
 
     def loader(self, root, split, *, batch_size, train, subset=None, seed=0, rank=0, world=1,
-               img_size=None, workers=0, repeats=1):
+               img_size=None, workers=0, repeats=1, holdout=None):
+        """`holdout`: (size, seed, "held" or "rest") of the training split's validation set."""
         images, labels = self.arrays(root, split)
-        idx = subset_indices(len(labels), subset,
-                             field=f"data.{'train' if train else 'test'}_subset")
+        idx = split_indices(len(labels), subset, holdout,
+                            f"data.{'train' if train else 'test'}_subset")
         if idx is not None:
             images, labels = images[idx], labels[idx]
         info = self.info(root, img_size)

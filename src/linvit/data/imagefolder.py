@@ -58,7 +58,8 @@ class ImageFolderDataset:
                         tuple(IMAGENET_DEFAULT_STD), tuple(classes))
 
     def loader(self, root, split, *, batch_size, train, subset=None, seed=0, rank=0, world=1,
-               img_size=None, workers=4, auto_augment=None, repeats=1, prefetch_to=None):
+               img_size=None, workers=4, auto_augment=None, repeats=1, prefetch_to=None,
+               holdout=None):
         """`prefetch_to`: a device to which batches go as uint8 and are normalised there, each
         copied while the one before is used (timm's prefetcher; for a GPU)."""
         import torch
@@ -71,9 +72,10 @@ class ImageFolderDataset:
                                      std=info.std, auto_augment=auto_augment if train else None,
                                      use_prefetcher=prefetch_to is not None)
         ds = self.folder(root, split, transform)
-        from linvit.data.base import subset_indices
+        from linvit.data.base import split_indices
 
-        idx = subset_indices(len(ds), subset, field=f"data.{'train' if train else 'test'}_subset")
+        idx = split_indices(len(ds), subset, holdout,
+                            f"data.{'train' if train else 'test'}_subset")
         paths = [path for path, _ in ds.samples]
         if idx is not None:
             ds = torch.utils.data.Subset(ds, idx.tolist())

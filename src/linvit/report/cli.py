@@ -9,6 +9,7 @@
     dense      results.csv -> tables/dense.*, figures/dense.*, dense.md
     robustness-report  robustness records -> tables/robustness.*, figures/robustness.*,
                robustness.md (a section of report.md)
+    choose     the records of a choice's candidate settings -> the chosen one's YAML
 
 grid.json (written by the workflow) holds the expected cells, the axis orders and the main loss.
 """
@@ -64,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--figures", required=True)
     ro.add_argument("--out", required=True, help="robustness.md, the report's section")
     ro.add_argument("records", nargs="*", help="record.json of every robustness job")
+    ch = sub.add_parser("choose")
+    ch.add_argument("--grid", required=True)
+    ch.add_argument("--out", required=True, help="the chosen setting's YAML (a stage's -c)")
+    ch.add_argument("records", nargs="+", help="record.json of every candidate of the choice")
     at = sub.add_parser("attention")
     at.add_argument("--teacher-record", required=True,
                     help="record.json of the maps job of the teacher")
@@ -78,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {"record": "linvit.report.record", "collect": "linvit.report.collect",
             "tables": "linvit.report.tables", "figures": "linvit.report.figures",
             "attention": "linvit.report.attention_maps", "report": "linvit.report.document",
-            "dense": "linvit.report.dense", "robustness-report": "linvit.report.robustness"}
+            "dense": "linvit.report.dense", "robustness-report": "linvit.report.robustness",
+            "choose": "linvit.report.selection"}
 
 
 def main(argv=None) -> int:

@@ -54,6 +54,8 @@ def results_frame(records: list[dict], grid: Grid | None = None,
         m = r.get("metrics", {})
         row.update({("test_loss" if k == "loss" else k): m.get(k) for k in METRICS})
         row["init_top1"] = (m.get("init") or {}).get("top1")
+        row["train_flops"] = ((m.get("train_images") or 0) * m["train_flops_per_image"]
+                              if m.get("train_flops_per_image") else None)
         free = (m.get("quality") or {}).get("free") or {}
         row.update({f"free_{k}": free.get(k) for k in ("logit_kl", "agreement", "top1")})
         moved = m.get("attn_moved") or {}

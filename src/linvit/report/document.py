@@ -17,7 +17,8 @@ from linvit.report.claims import method
 from linvit.report.grid import Grid
 
 SECTIONS = {"main": "Main table", "loss_design": "Loss design",
-            "distill_quality": "Distillation quality", "by_dataset": "By dataset",
+            "distill_quality": "Distillation quality",
+            "selection": "Fine-tuning settings chosen on validation", "by_dataset": "By dataset",
             "by_teacher": "By teacher", "by_size": "By model size"}
 
 

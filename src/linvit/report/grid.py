@@ -20,7 +20,8 @@ from linvit.errors import ResultsError
 
 NONE = "none"
 # results.csv's key columns before the config axes (a teacher has no operator, init, loss, seed)
-KEY = ["kind", "task", "dataset", "teacher", "size", "operator", "init", "loss", "seed"]
+KEY = ["kind", "task", "dataset", "teacher", "size", "operator", "init", "loss", "candidate",
+       "seed"]
 MODEL = ["dataset", "teacher", "size"]           # one teacher model
 REQUIRED = ("cells", "main_loss", "orders", "tables")
 
@@ -34,6 +35,7 @@ class Grid:
     axes: list[dict] = field(default_factory=list)   # {name, stage, values} in config order
     dense_columns: list = field(default_factory=list)
     margins: dict = field(default_factory=dict)      # the claims' margins (claims.margins)
+    selection: dict = field(default_factory=dict)    # {"candidates": [[label, settings]]}
 
     @property
     def axis_names(self) -> list[str]:
@@ -87,4 +89,5 @@ def read_grid(path: str | Path) -> Grid:
         raise ResultsError(f"{path}: no {', '.join(lacking)} (written by an older linvit): rerun "
                          "the workflow, which rewrites it")
     return Grid(doc["cells"], doc["main_loss"], doc["orders"], doc["tables"],
-                doc.get("axes", []), doc.get("dense_columns", []), doc.get("margins", {}))
+                doc.get("axes", []), doc.get("dense_columns", []), doc.get("margins", {}),
+                doc.get("selection", {}))

@@ -20,7 +20,7 @@ import pandas as pd
 from linvit.errors import ResultsError
 from linvit.io import write_text
 from linvit.render.tables import cell_text, rank, to_latex, write_table
-from linvit.report import distillation
+from linvit.report import distillation, selection
 from linvit.report.grid import Grid
 
 
@@ -88,6 +88,7 @@ CAPTIONS = {
     "claims": "The paper's claims: paired contrasts in test top-1 points, mean ± 95% CI over "
               "seeds, and their verdicts",
     "distill_quality": distillation.CAPTION,
+    "selection": selection.CAPTION,
 }
 AXIS_CAPTIONS = {"dataset": "dataset", "teacher": "teacher", "size": "model size"}
 
@@ -135,6 +136,8 @@ def write_tables(results: pd.DataFrame, curves: pd.DataFrame, grid: Grid,
             continue
         if name == "time_to_target":
             tables[name] = time_to_target(results, curves, grid)
+        elif name == "selection":
+            tables[name] = selection.selection_table(results, grid)
         elif name == "distill_quality":
             if layers is None:
                 raise ResultsError("the distill_quality table reads distill_layers.csv: give "

@@ -38,8 +38,13 @@ def make_test_loader(data_cfg, rt: Runtime):
 
 def _loader(data_cfg, rt: Runtime, split: str, auto_augment: str | None = None,
             repeats: int = 1):
+    """The training loader (without the validation set, where one is held out), or the one that
+    scores: the test split, or with evaluate_on: val the held-out validation set."""
     train = split == "train"
     policy = {"auto_augment": auto_augment} if auto_augment else {}
+    if data_cfg.val_size is not None and (train or data_cfg.evaluate_on == "val"):
+        policy["holdout"] = (data_cfg.val_size, data_cfg.val_seed, "rest" if train else "held")
+        split = "train"
     if repeats > 1:
         policy["repeats"] = repeats
     if rt.device.type == "cuda" and get_dataset(data_cfg.dataset).prefetches:

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 
 from linvit.errors import ConfigError
-from linvit.trees import deep_merge
+from linvit.trees import deep_merge, unflatten
 
 NONE = "none"                 # the value of an axis a job is not reached by
 # axis stage -> the CLI stage whose config the axis's fields belong to
@@ -58,14 +58,7 @@ class Axis:
         """The overrides of one value as a nested mapping ({} for `none`)."""
         if label == NONE:
             return {}
-        out: dict = {}
-        for field, value in self.settings[self.labels.index(label)]:
-            *parents, leaf = field.split(".")
-            node = out
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
-        return out
+        return unflatten(dict(self.settings[self.labels.index(label)]))
 
     def as_dict(self) -> dict:
         """What the report reads of it (grid.json)."""

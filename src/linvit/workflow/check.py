@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from linvit import found_files
-from linvit.workflow import axes, memo
+from linvit.workflow import axes, memo, selection
 from linvit.workflow.grid import grid_axes, robustness_section, teacher_specs
 from linvit.workflow.plan import Plan, plan
 from linvit.workflow.schema import GRID_KEYS, NAME_PATTERN
@@ -178,9 +178,13 @@ def job_arguments(config: dict, existing_file: str,
     rule gives them (linvit.workflow.plan), with `existing_file` (and its folder) standing in for
     the files and folders jobs read that are not yet made. `run.threads` as the rule's shell line
     adds it to every job that leaves a record."""
+    from linvit.stages import STAGES
+
     jobs = jobs or plan(config)
     out = []
     for job in jobs.jobs:
+        if job.stage not in STAGES:            # a reporting step (a choice of settings)
+            continue
         threads = [f"run.threads={job.kind.threads}"] if job.kind.record_kind else []
         where = job.folder.removeprefix(jobs.results).lstrip("/")
         out.append((job.field, where, job.stage, job.words(existing_file) + threads))
@@ -212,6 +216,7 @@ def _check_config(config: dict, existing_file: str) -> None:
 
     check_names(config)
     axes.check_types(grid_axes(config))
+    selection.check(config)
     _check_registries(config)
     _check_teachers(config)
     _check_teacher_files(config)

@@ -154,7 +154,7 @@ def peak_bytes(cfg, stage: str, student, teacher) -> float:
 
 # stages without a cost model (weights imported, scenes drawn, a set corrupted, the benchmark)
 # and the dense tasks (TASKS), whose cost the plan leaves out
-NOT_COSTED = ("import-teacher", "make-scenes", "corrupt", "bench")
+NOT_COSTED = ("import-teacher", "make-scenes", "corrupt", "bench", "choose")
 
 
 def not_costed(stage: str) -> bool:

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from linvit.transfer.strategies import get_strategy
-from linvit.trees import deep_merge
+from linvit.trees import deep_merge, unflatten
 from linvit.workflow import axes as ax
+from linvit.workflow import selection as sel
 from linvit.workflow.axes import Axes, Combo
 from linvit.workflow.schema import NAME_PATTERN
 
@@ -249,12 +250,34 @@ def distill_overrides(config: dict, distillation: Distillation, teacher_model: s
 
 
 def finetune_overrides(config: dict, cell: Cell, teacher_model: str,
-                       distilled_model: str | None) -> dict:
-    return deep_merge(_data(config, cell.dataset), _stage(config, "finetune", cell.dataset),
-                      grid_axes(config).overrides(cell.axes, "finetune"),
+                       distilled_model: str | None, candidate: dict | None = None) -> dict:
+    """A cell's overrides; with a `selection`, the validation images held out and the fields
+    it chooses left to the chosen candidate (its file) or set to `candidate` (a candidate's
+    own job, scored on the validation images)."""
+    stage = _stage(config, "finetune", cell.dataset)
+    chosen = sel.section(config).get("candidates") or {}
+    tree = deep_merge(_data(config, cell.dataset), without(stage, chosen),
+                      sel.held_out(config), grid_axes(config).overrides(cell.axes, "finetune"),
                       {"teacher": teacher_model, "distilled": distilled_model,
                        "model": {"operator": cell.operator}, "init": {"strategy": cell.init},
                        "run": {"seed": cell.seed}})
+    if candidate is not None:
+        # scored on every validation image (test_subset subsets the test split)
+        tree = deep_merge(tree, unflatten(candidate),
+                          {"data": {"evaluate_on": "val", "test_subset": None}})
+    return tree
+
+
+def without(tree: dict, fields) -> dict:
+    """`tree` with the dotted `fields` taken out."""
+    out = {}
+    for key, value in tree.items():
+        inner = [f.split(".", 1)[1] for f in fields if f.startswith(f"{key}.")]
+        if key in fields:
+            continue
+        out[key] = without(value, inner) if isinstance(value, dict) and inner else value
+    return out
+
 
 
 # --- attention maps: the teacher's and its distilled students' (main loss), on one panel ---------
@@ -307,7 +330,8 @@ def report_tables(config: dict, cells: list[Cell]) -> list[str]:
     names = ["main", "claims", "time_to_target"] + (["loss_design"] if config.get("loss_grid")
                                                     else [])
     quality = ["distill_quality"] if any(c.needs_distill for c in cells) else []
-    return names + quality + list(axis_tables(config, cells))
+    chosen = ["selection"] if sel.section(config) else []
+    return names + quality + chosen + list(axis_tables(config, cells))
 
 
 def grid_document(config: dict, cells: list[Cell]) -> dict:
@@ -321,6 +345,8 @@ def grid_document(config: dict, cells: list[Cell]) -> dict:
         "tables": report_tables(config, cells),
         "axes": [a.as_dict() for a in axes],
         "margins": dict((config.get("claims") or {}).get("margins") or {}),
+        **({"selection": {"candidates": [list(c) for c in sel.candidates(config)]}}
+           if sel.section(config) else {}),
         "orders": {
             "init": list(dict.fromkeys(config["strategies"] + config["reference_strategies"]
                                        + sub.get("strategies", []))),

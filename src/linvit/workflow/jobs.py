@@ -90,6 +90,11 @@ KINDS = {k.name: k for k in (
     JobKind("distill", "distill", "distill", (*MODELS, "operator", "loss"),
             ("teacher", "distill"), seeded=True),
     JobKind("cell", "cell", "cells", CELL, ALL_STAGES),
+    # fine-tuning settings chosen on a validation split (linvit.workflow.selection)
+    JobKind("select_cell", "selection", "selection/cells", (*CELL[:-1], "candidate", "seed"),
+            ALL_STAGES),
+    JobKind("choose", None, "selection/chosen", (*MODELS, "init", "family"), ALL_STAGES,
+            benchmark_file=False, output="chosen.yaml"),
     JobKind("maps", "maps", "maps", (*MODELS, "model"), ("teacher", "distill")),
     JobKind("corrupt", "corrupt", "robustness/corrupted", ("dataset",),
             log_prefix="robustness/corrupt", benchmark_file=False, run="run"),
@@ -120,6 +125,7 @@ class Job:
     reads: dict = field(default_factory=dict)
     results: str = "results"
     made: object = None               # what it makes in the grid's terms (grid.Cell, ...)
+    config_file: str | None = None    # a YAML the stage reads first (`-c`: a chosen setting)
 
     def _path(self, template: str) -> str:
         return f"{self.results}/{template.format(**self.wildcards)}"
@@ -156,10 +162,11 @@ class Job:
         return [f"{key}={json.dumps(value)}" for key, value in flat.items()]
 
     def command(self) -> str:
-        """`<stage> -o <run folder> --rerun k=v ...`, one shell-safe string: --rerun because the
-        workflow, not the folder, decides whether a job must run (an unfinished run of the same
-        config still resumes)."""
-        return shlex.join([self.stage, "-o", self.run_dir, "--rerun", *self.words()])
+        """`<stage> [-c <config file>] -o <run folder> --rerun k=v ...`, one shell-safe string:
+        --rerun because the workflow, not the folder, decides whether a job must run (an
+        unfinished run of the same config still resumes)."""
+        first = ["-c", self.config_file] if self.config_file else []
+        return shlex.join([self.stage, *first, "-o", self.run_dir, "--rerun", *self.words()])
 
     def key_json(self) -> str:
         return json.dumps(self.key)

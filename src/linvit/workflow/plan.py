@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from linvit.errors import ConfigError
 from linvit.workflow import dense_jobs as dj
 from linvit.workflow import grid as g
+from linvit.workflow import selection as sel
 from linvit.workflow.axes import NONE, Axes
 from linvit.workflow.grid import Cell, Distillation, Model
 from linvit.workflow.jobs import KINDS, Job, JobKind
@@ -59,7 +60,7 @@ class Plan:
         distilled, cells = set(self.distilled), set(self.cells)
         return ([*self.of("teacher")]
                 + [j for j in self.of("distill") if j.made in distilled]
-                + [j for j in self.of("cell") if j.made in cells])
+                + [j for j in self.of("cell") if j.made in cells] + self.of("select_cell"))
 
 
 def plan(config: dict) -> Plan:
@@ -74,6 +75,8 @@ def plan(config: dict) -> Plan:
     trained = cells + dj.dense_cells(config, cells)
     for distillation in g.distillations(config, trained):
         jobs.add_distill(distillation)
+    if sel.section(config):
+        jobs.add_selection(cells)
     for cell in trained:
         jobs.add_cell(cell)
     panel = g.attention_panel(config)
@@ -117,7 +120,10 @@ class Jobs:
         return job
 
     def get(self, kind: str, wildcards: dict) -> Job:
-        return self._by[(kind, *(str(wildcards[f]) for f in self.kinds[kind].wildcards))]
+        return self._by[self._index_of(kind, wildcards)]
+
+    def _index_of(self, kind: str, wildcards: dict) -> tuple:
+        return (kind, *(str(wildcards[f]) for f in self.kinds[kind].wildcards))
 
     def dataset(self, name: str) -> str:
         """The dataset registry entry a grid dataset (a key of config["datasets"]) reads."""
@@ -178,17 +184,51 @@ class Jobs:
                   [self.dataset(dist.dataset)]),
                  [teacher.output], {"teacher": teacher.model}, made=dist)
 
-    def add_cell(self, c: Cell):
+    def _sources(self, c: Cell) -> tuple[Job, Job | None]:
+        """The teacher and (for a strategy that takes one) distillation jobs of a cell."""
         teacher = self.teacher_of(g.model_of(self.config, c))
         distilled = (self.distill_of(g.distillation_of(self.config, c)) if c.needs_distill
                      else None)
+        return teacher, distilled
+
+    def add_cell(self, c: Cell, kind: str = "cell", candidate: tuple[str, dict] | None = None):
+        """A fine-tuned cell; with `candidate` (label, settings), a selection job instead: the
+        cell at that candidate, scored on the validation split."""
+        teacher, distilled = self._sources(c)
         reads = {"teacher": teacher.model, **({"distilled": distilled.model} if distilled else {})}
-        self.add("cell", c.as_dict(), "finetune", c.as_dict(),
-                 g.finetune_overrides(self.config, c, teacher.model,
-                                      distilled.model if distilled else None),
-                 "stages.finetune" + self.axes.describe(c.axes, "finetune"),
-                 ("finetune", [SOFTMAX, c.operator], [], [self.dataset(c.dataset)]),
-                 [teacher.output] + ([distilled.output] if distilled else []), reads, made=c)
+        key = c.as_dict() if candidate is None else {**c.as_dict(), "candidate": candidate[0]}
+        # a dense sub-grid's cell of a strategy the grid does not choose for keeps the stage's
+        chosen = (self._by.get(self._index_of("choose", self._choice_key(sel.choice_of(c))))
+                  if candidate is None and sel.section(self.config) else None)
+        job = self.add(kind, key, "finetune", key,
+                       g.finetune_overrides(self.config, c, teacher.model,
+                                            distilled.model if distilled else None,
+                                            candidate[1] if candidate else None),
+                       ("selection.candidates" if candidate else "stages.finetune")
+                       + self.axes.describe(c.axes, "finetune"),
+                       ("finetune", [SOFTMAX, c.operator], [], [self.dataset(c.dataset)]),
+                       [teacher.output] + ([distilled.output] if distilled else [])
+                       + ([chosen.output] if chosen else []), reads, made=c)
+        job.config_file = chosen.output if chosen else None
+        return job
+
+    def _choice_key(self, choice: sel.Choice) -> dict:
+        return self._with_axes(dict(dataset=choice.dataset, teacher=choice.teacher,
+                                    size=choice.size, init=choice.init, family=choice.family),
+                               choice.axes, "choose")
+
+    def add_selection(self, cells: list[Cell]):
+        """Every candidate on each choice's cells of the selection seed, then the choice."""
+        seed, options = sel.selection_seed(self.config), sel.candidates(self.config)
+        picked: dict[sel.Choice, list[Job]] = {}
+        for c in cells:
+            if c.seed == seed and c.loss in (self.config["main_loss"], g.NO_LOSS):
+                picked.setdefault(sel.choice_of(c), []).extend(
+                    self.add_cell(c, "select_cell", option) for option in options)
+        for choice, runs in picked.items():
+            key = self._choice_key(choice)
+            self.add("choose", key, "choose", key, {}, "selection",
+                     ("choose",), [r.output for r in runs], made=choice)
 
     def add_maps(self, panel: Model, student: Distillation | None):
         """The teacher's maps (student None) or a distilled student's, for the one figure."""
