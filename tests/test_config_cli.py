@@ -71,6 +71,18 @@ def test_transfer_configs_check_files_and_registry_names(tmp_path):
         load_config(DistillConfig, None, [f"teacher={teacher}", "distill.losses={kl: 1}"])
     with pytest.raises(ConfigError, match="distill.train: 'attention' is not one of"):
         load_config(DistillConfig, None, [f"teacher={teacher}", "distill.train=[attention]"])
+    with pytest.raises(ConfigError, match="distill.e2e_losses: 'kl' is not one of"):
+        load_config(DistillConfig, None, [f"teacher={teacher}", "distill.e2e_losses={kl: 1}"])
+    with pytest.raises(ConfigError, match="distill.e2e_epochs: 3 is more than the schedule's "
+                                          "optim.epochs \\(2\\)"):
+        load_config(DistillConfig, None, [f"teacher={teacher}", "optim.epochs=2",
+                                          "distill.e2e_epochs=3"])
+    with pytest.raises(ConfigError, match="distill.e2e_epochs: must be >= 0"):
+        load_config(DistillConfig, None, [f"teacher={teacher}", "distill.e2e_epochs=-1"])
+    with pytest.raises(ConfigError, match="distill.e2e_losses: attn_map_ce compare"):
+        load_config(DistillConfig, None, [f"teacher={teacher}", "model.operator=gla",
+                                          "distill.e2e_epochs=1",
+                                          "distill.e2e_losses={attn_map_ce: 1}"])
     cfg = load_config(FinetuneConfig, None, [f"teacher={teacher}", "init.strategy=copy_mlp",
                                              "optim.lr=3e-4"])
     assert cfg.optim.lr == 3e-4 and cfg.init.resolve().name == "copy_mlp"

@@ -196,6 +196,9 @@ CASES = {
     "distill logit KD, other classes": (
         ["distill", "teacher={dir}/teacher5.safetensors", "data.root={mnist}",
          "distill.losses={{logit_kd: 1.0}}"], "logit KD needs the same classes"),
+    "end-to-end logit KD, other classes": (
+        ["distill", "teacher={dir}/teacher5.safetensors", "data.root={mnist}",
+         "distill.e2e_epochs=1"], "distill.e2e_losses.logit_kd: the teacher has"),
     "subset under one batch": (["pretrain", "data.root={mnist}", "data.train_subset=10",
                                 "data.batch_size=64"], "make no batch"),
     "data under one batch": (["pretrain", "data.root={mnist}", "data.batch_size=1024"],

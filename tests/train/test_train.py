@@ -42,13 +42,14 @@ RECIPE = ("aug.mixup=0.8", "aug.cutmix=1.0", "aug.reprob=0.25", "optim.layer_dec
           "optim.ema_decay=0.9")
 
 
-def cut_in_epoch_2(run, cfg, out, monkeypatch):
-    """`run` interrupted in its second epoch: a checkpoint after the first, no result."""
+def cut_in_epoch_2(run, cfg, out, monkeypatch, epoch=2):
+    """`run` interrupted in its second (`epoch`-th) epoch: a checkpoint after the one before, no
+    result."""
     real, calls = trainer.train_one_epoch, []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) == epoch:
             raise KeyboardInterrupt("simulated interrupt in epoch 2")
         return real(*args, **kwargs)
 
@@ -57,7 +58,7 @@ def cut_in_epoch_2(run, cfg, out, monkeypatch):
         run(cfg, out)
     assert (out / "checkpoint.safetensors").is_file()
     assert not (out / "metrics.json").exists()    # never taken for a result
-    assert len(read_jsonl(out / "train.jsonl")) == 1
+    assert len(read_jsonl(out / "train.jsonl")) == epoch - 1
     monkeypatch.setattr(trainer, "train_one_epoch", real)
 
 
@@ -102,6 +103,44 @@ def test_resume_after_interrupt_reproduces_uninterrupted_run(mnist_root, tmp_pat
               for p in (tmp_path / "full", tmp_path / "cut")]
     assert losses[0] == losses[1] and len(losses[0]) == 2
     assert not (tmp_path / "cut" / "checkpoint.safetensors").exists()
+
+
+def test_the_end_to_end_phase_trains_on_logits_after_the_layer_wise_one_and_resumes_in_it(
+        mnist_root, tmp_path, monkeypatch):
+    """optim.epochs=3, distill.e2e_epochs=2: epoch 1 on the attention outputs, epochs 2-3 on the
+    logits (only the attention learning); cut in epoch 3, the resumed run is the same run."""
+    from linvit.models import flops
+    from linvit.transfer.config import DistillConfig
+    from linvit.transfer.stages import run_distill
+
+    run_pretrain(pretrain_cfg(mnist_root, "optim.epochs=1", "optim.warmup_epochs=0"),
+                 tmp_path / "teacher")
+    teacher = tmp_path / "teacher" / "model.safetensors"
+    cfg = load_config(DistillConfig, None, [
+        f"teacher={teacher}", f"data.root={mnist_root}", "data.batch_size=64",
+        "data.eval_batch_size=128", "optim.epochs=3", "distill.e2e_epochs=2",
+        "run.progress=false", "run.threads=1"])
+    full = run_distill(cfg, tmp_path / "full")
+    history = read_jsonl(tmp_path / "full" / "train.jsonl")
+    assert ["train_attn_out_mse/L0" in r for r in history] == [True, False, False]
+    assert ["train_logit_kd" in r for r in history] == [False, True, True]
+    assert all("test_tf_attn_out_mse/L0" in r and "test_tf_rel_err/L5" in r for r in history)
+    cut_in_epoch_2(run_distill, cfg, tmp_path / "cut", monkeypatch, epoch=3)
+    resumed = run_distill(cfg, tmp_path / "cut")
+    assert resumed["top1"] == full["top1"] and resumed["e2e_epochs"] == 2
+    assert [r["train_loss"] for r in read_jsonl(tmp_path / "cut" / "train.jsonl")] == [
+        r["train_loss"] for r in history]
+    a, b, t = (load_file(p) for p in (tmp_path / "full" / "model.safetensors",
+                                      tmp_path / "cut" / "model.safetensors", teacher))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    changed = {k.split(".")[2] for k in a if k in t and not torch.equal(a[k], t[k])}
+    assert changed == {"attn"}                      # the MLPs, norms, stem and head the teacher's
+    s = ModelSpec.from_dict(full["spec"])
+    forced = flops.forward_flops(ModelSpec.from_dict(read_json(
+        tmp_path / "teacher" / "metrics.json")["spec"])) + 6 * flops.attention_flops(s)
+    layer_wise = forced + 6 * 2 * flops.attention_flops(s)
+    end_to_end = forced + flops.train_flops_per_image(s)
+    assert full["train_flops_per_image"] == pytest.approx((layer_wise + 2 * end_to_end) / 3)
 
 
 def test_rerun_with_another_config_is_refused(mnist_root, tmp_path):

@@ -40,10 +40,13 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
         rt: Runtime, *, evaluate_fn: Callable[[], dict], eval_every: int = 1,
         on_backward: Callable[[], None] | None = None, find_unused: bool = False,
         batch_aug: Callable | None = None, ema=None,
-        evaluate_ema: Callable[[nn.Module], dict] | None = None) -> list[dict]:
+        evaluate_ema: Callable[[nn.Module], dict] | None = None,
+        before_epoch: Callable[[int], None] | None = None) -> list[dict]:
     """Train `model` (inside `objective`) for optim_cfg.epochs; returns the per-epoch history,
     whose last record holds the final evaluation (test_* keys; test_ema_* for the EMA `ema`,
     timm's ModelEmaV3 of `model`, updated after every step and scored by `evaluate_ema`).
+    `before_epoch(epoch)` runs before each epoch trains, a resumed one included (a phase
+    switch).
 
     The run's identity (its config without volatile fields, and the training step's precision) is
     stored in each checkpoint and must match on resume, so a checkpoint is never continued under
@@ -68,6 +71,8 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
         module = torch.compile(module, backend=rt.compile)
     for epoch in range(start, optim_cfg.epochs):
         seed_epoch(epoch_seed(rt.seed, epoch, rt.rank))
+        if before_epoch is not None:
+            before_epoch(epoch)
         stats = train_one_epoch(module, train_loader, optimizer, scheduler, epoch, rt,
                                 params=params, clip_grad=optim_cfg.clip_grad,
                                 on_backward=on_backward, batch_aug=batch_aug,

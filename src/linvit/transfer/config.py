@@ -28,13 +28,13 @@ from linvit.transfer.losses import LOSSES
 from linvit.transfer.strategies import STRATEGIES
 
 
-def check_map_losses(operator: str, losses: dict[str, float]) -> None:
+def check_map_losses(operator: str, losses: dict[str, float], key: str = "distill.losses") -> None:
     """Map-level losses read each row of the student's map as a distribution over keys: refused,
     before any compute, for an operator whose map is signed, unnormalised or only effective."""
     kind = OPERATORS[operator].map_kind
     on_maps = [n for n, w in losses.items() if w and LOSSES[n].target == "attn_map"]
     if on_maps and kind != "stochastic":
-        raise ConfigError(f"distill.losses: {', '.join(on_maps)} compare(s) attention-map rows as "
+        raise ConfigError(f"{key}: {', '.join(on_maps)} compare(s) attention-map rows as "
                           f"distributions, but operator {operator!r} has a {kind} map "
                           f"({MAP_KINDS[kind]}); use an output-level loss "
                           f"({', '.join(n for n, l in LOSSES.items() if l.target != 'attn_map')})")
@@ -54,14 +54,20 @@ class DistillCfg:
     train: list[str] = field(default_factory=lambda: ["attn"])   # groups that learn
     attn_init: Literal["random", "teacher"] = "random"   # student attention before distilling
     temperature: float = 1.0          # logit_kd only
+    # RADLADS' second step: the schedule's last e2e_epochs train the same groups end to end
+    e2e_epochs: int = 0
+    e2e_losses: dict[str, float] = field(default_factory=lambda: {"logit_kd": 1.0})
 
     def validate(self, p: str) -> None:
-        if not self.losses or not any(self.losses.values()):
-            raise ConfigError(f"{p}.losses: give at least one loss with a non-zero weight "
-                              f"(allowed: {', '.join(LOSSES)})")
-        for name, w in self.losses.items():
-            one_of(f"{p}.losses", name, LOSSES)
-            positive(f"{p}.losses.{name}", w, allow_zero=True)
+        for key in ("losses", "e2e_losses"):
+            weights = getattr(self, key)
+            if not weights or not any(weights.values()):
+                raise ConfigError(f"{p}.{key}: give at least one loss with a non-zero weight "
+                                  f"(allowed: {', '.join(LOSSES)})")
+            for name, w in weights.items():
+                one_of(f"{p}.{key}", name, LOSSES)
+                positive(f"{p}.{key}.{name}", w, allow_zero=True)
+        positive(f"{p}.e2e_epochs", self.e2e_epochs, allow_zero=True)
         for g in self.train:
             one_of(f"{p}.train", g, GROUPS)
         if not self.train:
@@ -112,6 +118,12 @@ class DistillConfig:
         check_aug(self.aug, self.data)
         check_student(self)
         check_map_losses(self.model.operator, self.distill.losses)
+        if self.distill.e2e_epochs:
+            check_map_losses(self.model.operator, self.distill.e2e_losses, "distill.e2e_losses")
+        if self.distill.e2e_epochs > self.optim.epochs:
+            raise ConfigError(f"distill.e2e_epochs: {self.distill.e2e_epochs} is more than the "
+                              f"schedule's optim.epochs ({self.optim.epochs}); the end-to-end "
+                              "phase is its last epochs")
         if self.model.size is not None:
             depth = SIZES[self.model.size].depth
             bad = [l for l in self.distill.layers or [] if not 0 <= l < depth]

@@ -9,8 +9,15 @@ Per layer l, with x_l the teacher's block input and h_l = norm1(x_l) its attenti
     attn_map   student map on h_l        vs teacher softmax map on h_l
     block_out  student.block(x_l)        vs teacher.block(x_l)
 and logits compares the student's own full forward pass with the teacher's.
+
+An end-to-end phase (distill.e2e_epochs, as RADLADS' second step) follows the layer-wise one:
+for the schedule's last epochs the same groups learn from the e2e losses (logit KD by default),
+the student running on its own; every evaluation keeps scoring the layer-wise losses, so the
+quality numbers of both phases read alike.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -33,8 +40,7 @@ class DistillObjective(nn.Module):
         bad = [l for l in self.layers if not 0 <= l < depth]
         if bad:
             raise ConfigError(f"distill.layers: {bad} outside 0..{depth - 1}")
-        self.losses = [(get_loss(name), w) for name, w in weights.items() if w]
-        self.targets = {loss.target for loss, _ in self.losses}
+        self.use(weights)
         self.temperature = temperature
         self._trace: dict = {}
         self._hooks = []
@@ -45,6 +51,22 @@ class DistillObjective(nn.Module):
                 block.register_forward_hook(self._keep(("block_out", l))),
                 block.attn.register_forward_hook(self._keep(("attn_in", l), arg=True)),
                 block.attn.register_forward_hook(self._keep(("attn_out", l)))]
+
+    def use(self, weights: dict[str, float]) -> None:
+        """Train on these losses from now on (a phase of the distillation)."""
+        self.weights = dict(weights)
+        self.losses = [(get_loss(name), w) for name, w in weights.items() if w]
+        self.targets = {loss.target for loss, _ in self.losses}
+
+    @contextlib.contextmanager
+    def using(self, weights: dict[str, float]):
+        """These losses for the duration (an evaluation of the layer-wise losses in any phase)."""
+        before = self.weights
+        self.use(weights)
+        try:
+            yield self
+        finally:
+            self.use(before)
 
     def remove_hooks(self) -> None:
         """Leave the teacher as it was (an objective made for one measurement)."""
@@ -123,7 +145,8 @@ class DistillObjective(nn.Module):
         logs: dict[str, torch.Tensor] = {}
         per_layer = [(loss, w) for loss, w in self.losses if loss.per_layer]
         for l in self.layers:
-            s = self.student_layer(l, trace)
+            with torch.set_grad_enabled(torch.is_grad_enabled() and bool(per_layer)):
+                s = self.student_layer(l, trace)      # without a layer loss: its error only
             for loss, w in per_layer:
                 value = loss.fn(s[loss.target], trace[(loss.target, l)])
                 total = total + w * value / len(self.layers)

@@ -91,8 +91,9 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     files = {"teacher": ModelFile(cfg.teacher)}         # read once, for every check and copy
     files["teacher"].check_teacher()
     teacher = files["teacher"].load()
-    if cfg.distill.losses.get("logit_kd"):
-        check_kd_teacher(files["teacher"], info, "distill.losses.logit_kd")
+    for key, weights in phase_losses(cfg).items():
+        if weights.get("logit_kd"):
+            check_kd_teacher(files["teacher"], info, f"distill.{key}.logit_kd")
     spec = student_spec(cfg, teacher.spec, info)
     torch.manual_seed(cfg.run.seed)
     student = create_vit(spec)
@@ -106,14 +107,15 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     if rt.is_main:
         write_json(run.path / "student_init.json", record)
     log.info("distilling %d tensors of groups %s with %s", len(trainable), cfg.distill.train,
-             cfg.distill.losses)
+             phase_losses(cfg))
     teacher.to(rt.device)
     student.to(rt.device)
     census = GradCensus(student)
 
     def evaluate_student() -> dict:
         result = evaluate(student, test_loader, rt, info.num_classes)
-        result.update(teacher_forced_errors(objective, test_loader, rt))
+        with objective.using(cfg.distill.losses):        # the same measures in either phase
+            result.update(teacher_forced_errors(objective, test_loader, rt))
         return result
 
     init_eval = evaluate_init(student, test_loader, rt, run, info.num_classes,
@@ -123,16 +125,40 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     history = fit(objective, student, train_loader, cfg.optim, run, rt,
                   evaluate_fn=evaluate_student, eval_every=cfg.run.eval_every,
                   on_backward=census, find_unused=True, batch_aug=batch_aug, ema=ema,
-                  evaluate_ema=lambda m: evaluate(m, test_loader, rt, info.num_classes))
+                  evaluate_ema=lambda m: evaluate(m, test_loader, rt, info.num_classes),
+                  before_epoch=lambda epoch: objective.use(phase_at(cfg, epoch)))
     if rt.is_main:
         write_json(run.path / "trained.json", census.report())
     quality["free"] = free_running(student, teacher, test_loader, rt)
     return finish_training(run, rt, student, history,
                            {"init": init_eval, "losses": cfg.distill.losses,
                             "trained_groups": cfg.distill.train, "quality": quality,
-                            "train_flops_per_image": objective.flops_per_image()},
+                            "e2e_epochs": cfg.distill.e2e_epochs,
+                            "train_flops_per_image": distill_flops(objective, cfg)},
                            model_metadata(record, files,
                                           head_trained="head" in cfg.distill.train), ema=ema)
+
+
+def phase_losses(cfg: DistillConfig) -> dict[str, dict[str, float]]:
+    """The losses of each phase that trains: layer-wise ("losses"), end to end ("e2e_losses")."""
+    d, epochs = cfg.distill, cfg.optim.epochs
+    return {**({"losses": d.losses} if d.e2e_epochs < epochs else {}),
+            **({"e2e_losses": d.e2e_losses} if d.e2e_epochs else {})}
+
+
+def phase_at(cfg: DistillConfig, epoch: int) -> dict[str, float]:
+    """The losses epoch `epoch` (0-based) trains on: the last e2e_epochs are end to end."""
+    d = cfg.distill
+    return d.e2e_losses if epoch >= cfg.optim.epochs - d.e2e_epochs else d.losses
+
+
+def distill_flops(objective: DistillObjective, cfg: DistillConfig) -> float:
+    """Training FLOPs per image, averaged over the schedule's epochs of both phases."""
+    per_epoch = []
+    for epoch in range(cfg.optim.epochs):
+        with objective.using(phase_at(cfg, epoch)):
+            per_epoch.append(objective.flops_per_image())
+    return sum(per_epoch) / len(per_epoch)
 
 
 def start_quality(run, rt, objective, cfg: DistillConfig, teacher_state: dict, spec: ModelSpec,
