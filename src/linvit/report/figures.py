@@ -42,15 +42,20 @@ def _student_panels(frame: pd.DataFrame, grid: Grid) -> list[tuple]:
                                             for c, v in zip(grid.student, k)))
 
 
+def _student_figure(cells: pd.DataFrame, grid: Grid):
+    """A panel per student and the grid's colour per strategy: (panels, fig, axes, colour)."""
+    panels = _student_panels(cells, grid)
+    fig, axes = new_grid(len(panels))
+    return panels, fig, axes, colours(grid.orders.get("init", []))
+
+
 def accuracy_by_init(results: pd.DataFrame, grid: Grid, out: Path) -> None:
     """Test top-1 by init strategy, one panel per (dataset, teacher, size, axes, operator): a
     horizontal bar per strategy (its colour the same in every figure) with its 95% CI, the
     teacher dashed and the softmax reference dotted."""
     results, group = grid.complete(results), grid.group
     cells = _ok(grid.main(results))
-    panels = _student_panels(cells, grid)
-    fig, axes = new_grid(len(panels))
-    colour = colours(grid.orders.get("init", []))
+    panels, fig, axes, colour = _student_figure(cells, grid)
     handles, labels = [], []
     for ax, panel in zip(axes, panels):
         part = rows_where(cells, grid.student, panel)
@@ -87,9 +92,7 @@ def time_to_accuracy(curves: pd.DataFrame, grid: Grid, out: Path) -> None:
     curves, group = grid.complete(curves), grid.group
     cells = curves[curves["kind"] == "cell"]
     teachers = curves[curves["kind"] == "teacher"]
-    panels = _student_panels(cells, grid)
-    fig, axes = new_grid(len(panels))
-    colour = colours(grid.orders.get("init", []))
+    panels, fig, axes, colour = _student_figure(cells, grid)
     handles, labels = [], []
     for ax, panel in zip(axes, panels):
         part = rows_where(cells, grid.student, panel)

@@ -53,18 +53,26 @@ def layer_quality(objective, images: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def teacher_forced(objective, loader, rt, max_batches: int = MAX_BATCHES) -> dict[str, float]:
-    """layer_quality over the first held-out batches, every process's images together."""
-    objective.eval()
+def ratios_over_batches(parts, loader, rt, max_batches: int) -> dict[str, float]:
+    """Each name's summed numerator over its summed denominator: `parts(images)` gives
+    (numerator, denominator) tensors per name for one batch, summed over the first held-out
+    batches and every process's images."""
     sums: dict[str, torch.Tensor] = {}
     for i, (images, _) in enumerate(loader.batches(0)):
         if i == max_batches:
             break
         with rt.autocast():
-            for name, part in layer_quality(objective, images.to(rt.device)).items():
+            for name, part in parts(images.to(rt.device)).items():
                 sums[name] = sums[name] + part if name in sums else part
     return {name: (s := rt.all_reduce_sum(v))[0].item() / s[1].item()
             for name, v in sorted(sums.items())}
+
+
+def teacher_forced(objective, loader, rt, max_batches: int = MAX_BATCHES) -> dict[str, float]:
+    """layer_quality over the first held-out batches, every process's images together."""
+    objective.eval()
+    return ratios_over_batches(lambda images: layer_quality(objective, images), loader, rt,
+                               max_batches)
 
 
 @contextlib.contextmanager
@@ -105,17 +113,14 @@ def attention_moved(objective, distilled: nn.Module, loader, rt,
     model = objective.student
     distilled = distilled.to(rt.device).eval()
     objective.eval()
-    sums: dict[str, torch.Tensor] = {}
-    for i, (images, _) in enumerate(loader.batches(0)):
-        if i == max_batches:
-            break
-        with rt.autocast():
-            trace = objective.teacher_trace(images.to(rt.device))
-            for l in objective.layers:
-                h = trace[("attn_in", l)]
-                now = model.blocks[l].attn(h).float()
-                start = distilled.blocks[l].attn(h).float()
-                part = torch.stack([(now - start).pow(2).sum(), start.pow(2).sum()])
-                sums[f"attn_moved/L{l}"] = sums.get(f"attn_moved/L{l}", 0) + part
-    return {name: (s := rt.all_reduce_sum(v))[0].item() / s[1].item()
-            for name, v in sums.items()}
+
+    def moved(images: torch.Tensor) -> dict[str, torch.Tensor]:
+        trace, out = objective.teacher_trace(images), {}
+        for l in objective.layers:
+            h = trace[("attn_in", l)]
+            now, start = model.blocks[l].attn(h).float(), distilled.blocks[l].attn(h).float()
+            out[f"attn_moved/L{l}"] = torch.stack([(now - start).pow(2).sum(),
+                                                   start.pow(2).sum()])
+        return out
+
+    return ratios_over_batches(moved, loader, rt, max_batches)
