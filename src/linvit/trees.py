@@ -51,6 +51,17 @@ def unflatten(flat: dict) -> dict:
     return out
 
 
+def without(tree: dict, fields) -> dict:
+    """`tree` with the dotted `fields` taken out."""
+    out = {}
+    for key, value in tree.items():
+        inner = [f.split(".", 1)[1] for f in fields if f.startswith(f"{key}.")]
+        if key in fields:
+            continue
+        out[key] = without(value, inner) if isinstance(value, dict) and inner else value
+    return out
+
+
 def non_finite(tree, prefix: str = "") -> list[str]:
     """'path=value' of every float in `tree` (nested dicts, lists) that is NaN or infinite: the
     one finiteness check of metrics, evaluations and records."""

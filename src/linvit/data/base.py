@@ -43,6 +43,7 @@ def holdout_indices(n: int, held: int | None, seed: int, part: str,
         return None
     if not 0 < held < n:
         raise DataError(f"{field}: {held} validation samples asked, the training split has {n}")
+    # the offset: a draw of its own, not subset_indices' permutation under the same seed
     mask = torch.zeros(n, dtype=torch.bool)
     mask[torch.randperm(n, generator=torch.Generator().manual_seed(1_000_003 + seed))[:held]] = True
     return torch.nonzero(mask if part == "held" else ~mask).flatten()

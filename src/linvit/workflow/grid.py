@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from linvit.transfer.strategies import get_strategy
-from linvit.trees import deep_merge, unflatten
+from linvit.trees import deep_merge, unflatten, without
 from linvit.workflow import axes as ax
 from linvit.workflow import selection as sel
 from linvit.workflow.axes import Axes, Combo
@@ -266,18 +266,6 @@ def finetune_overrides(config: dict, cell: Cell, teacher_model: str,
         tree = deep_merge(tree, unflatten(candidate),
                           {"data": {"evaluate_on": "val", "test_subset": None}})
     return tree
-
-
-def without(tree: dict, fields) -> dict:
-    """`tree` with the dotted `fields` taken out."""
-    out = {}
-    for key, value in tree.items():
-        inner = [f.split(".", 1)[1] for f in fields if f.startswith(f"{key}.")]
-        if key in fields:
-            continue
-        out[key] = without(value, inner) if isinstance(value, dict) and inner else value
-    return out
-
 
 
 # --- attention maps: the teacher's and its distilled students' (main loss), on one panel ---------

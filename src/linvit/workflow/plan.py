@@ -198,6 +198,7 @@ class Jobs:
         reads = {"teacher": teacher.model, **({"distilled": distilled.model} if distilled else {})}
         key = c.as_dict() if candidate is None else {**c.as_dict(), "candidate": candidate[0]}
         # a dense sub-grid's cell of a strategy the grid does not choose for keeps the stage's
+        # own settings (no choice job exists for it)
         chosen = (self._by.get(self._index_of("choose", self._choice_key(sel.choice_of(c))))
                   if candidate is None and sel.section(self.config) else None)
         job = self.add(kind, key, "finetune", key,
