@@ -1,3 +1,21 @@
 """linvit: turn pretrained softmax ViTs into linear-attention ViTs (copy the MLPs, distill the
 attention)."""
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+from linvit.timm_hook import register_when_timm_loads
+
+try:
+    __version__ = version("linvit")
+except PackageNotFoundError:          # run from a source tree that was never installed
+    __version__ = "0+unknown"
+
+register_when_timm_loads()
+
+
+def __getattr__(name: str):
+    # the notebook API (linvit.api), imported when first used: `import linvit` stays light
+    if name in ("convert", "distill", "finetune"):
+        from linvit import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'linvit' has no attribute {name!r}")

@@ -19,7 +19,10 @@ def record(kind, key, top1=None, status="ok"):
 
 def test_ci_and_cell_formatting():
     mean, ci, n = summarize([70.0, 72.0, 74.0])
-    assert (mean, n) == (72.0, 3) and ci == pytest.approx(4.303 * 2 / 3 ** 0.5)
+    assert (mean, n) == (72.0, 3) and ci == pytest.approx(4.302653 * 2 / 3 ** 0.5)
+    # 12 values: t(0.975, 11) = 2.200985, not a table's neighbouring entry (2.228 at 10 dof)
+    _, ci12, _ = summarize([0.0, 1.0] * 6)
+    assert ci12 == pytest.approx(2.200985 * (12 / 11 * 0.25) ** 0.5 / 12 ** 0.5)
     frame = pd.DataFrame({"status": ["ok", "ok", "failed"], "top1": [70.0, 72.0, None]})
     assert format_cell(frame) == "71.00 ± 12.71 (2/3 seeds)"
     assert format_cell(pd.DataFrame({"status": ["failed"], "top1": [None]})) == "failed"
@@ -39,14 +42,27 @@ def test_tables_show_missing_and_failed_cells_and_match_known_output():
     orders = {"init": ["random", "copy_mlp"], "operator": ["linear", "focused", "softmax"]}
     table = main_table(results, Grid([], "out", orders, []))
     assert to_markdown(table) == (
-        "| dataset | teacher | size | init | linear | focused | softmax |\n"
-        "|---|---|---|---|---:|---:|---:|\n"
-        "| d | t | s | teacher (pretrained) |  |  | 80.00 |\n"
-        "| d | t | s | random | 61.50 | failed |  |\n"
-        "| d | t | s | copy_mlp | 70.25 | missing |  |\n")
+        "| dataset   | teacher   | size   | init                 |   linear |   focused |   softmax |\n"
+        "|:----------|:----------|:-------|:---------------------|---------:|----------:|----------:|\n"
+        "| d         | t         | s      | teacher (pretrained) |          |           |     80.00 |\n"
+        "| d         | t         | s      | random               |    61.50 |    failed |           |\n"
+        "| d         | t         | s      | copy_mlp             |    70.25 |   missing |           |\n")
     latex = to_latex(table, "Top-1 & more")
     assert r"\caption{Top-1 \& more}" in latex
     assert r"d & t & s & random & 61.50 & failed &  \\" in latex
+
+
+def test_latex_and_markdown_escape_every_special_character():
+    """Axis values are the user's: LaTeX's ten specials in a cell, a header and the caption come
+    out escaped, ± as math; a pipe in a Markdown cell does not split it."""
+    table = pd.DataFrame({"top_1": ["71.00 ± 1.20", "a|b"]},
+                         index=pd.Index(["lr=$1{e}~^", "50%&#"], name="cfg\\x"))
+    latex = to_latex(table, "cost ~ $ {x} ^ 2")
+    assert r"\caption{cost \textasciitilde{} \$ \{x\} \textasciicircum{} 2}" in latex
+    assert r"cfg\textbackslash x & top\_1 \\" in latex
+    assert r"lr=\$1\{e\}\textasciitilde \textasciicircum  & 71.00 $\pm$ 1.20 \\" in latex
+    assert r"50\%\&\# & a|b \\" in latex
+    assert r" a\|b |" in to_markdown(table)
 
 
 def test_by_teacher_table_puts_teachers_side_by_side():

@@ -10,6 +10,7 @@ import yaml
 from linvit import cli
 from linvit.demo import run_demo
 from linvit.io import read_jsonl
+from markdown_rows import has_row, rows
 
 RUN_FILES = {"config.yaml", "run.log", "train.jsonl", "metrics.json", "model.safetensors"}
 
@@ -65,10 +66,9 @@ def test_demo_prints_the_comparison_table(mnist_root, tmp_path, capsys):
     extra = [f"data.root={mnist_root}", "optim.epochs=1", "optim.warmup_epochs=0",
              "run.progress=false", "data.train_subset=256"]
     table = run_demo(tmp_path / "demo", "linear", extra)
-    lines = [l for l in table.splitlines() if l.startswith("| ")]
-    assert len(lines) == 1 + 4                      # header + teacher, distilled, 2 students
-    assert "| student | linear | random |" in table
-    assert "| student | linear | copy_mlp+distill |" in table
+    assert len(rows(table)) == 1 + 4                # header + teacher, distilled, 2 students
+    assert has_row(table, "student", "linear", "random")
+    assert has_row(table, "student", "linear", "copy_mlp+distill")
     assert (tmp_path / "demo" / "table.md").read_text() == table
     # a second call reuses every finished stage
     assert run_demo(tmp_path / "demo", "linear", extra).splitlines()[:6] == table.splitlines()[:6]

@@ -11,6 +11,7 @@ from linvit.models.flops import forward_flops, train_flops_per_image
 from linvit.workflow import cost
 
 from grid_configs import ROOT, default_config
+import markdown_rows
 
 
 def costs_of(config: dict) -> list[cost.Cost]:
@@ -122,8 +123,9 @@ def test_a_config_axis_is_costed_per_value_like_a_built_in_one():
                if c.job.stage == "distill" and c.job.key["operator"] == "linear"}
     assert distill["3"].train_flops == pytest.approx(3 * distill["1"].train_flops)
     text = cost.tables(costs, 100.0, ["d_epochs"])
-    rows = {line.split("|")[1].strip(): float(line.split("|")[2])
-            for line in text.split("| d_epochs |")[1].splitlines()[2:] if line.startswith("|")}
+    section = text[text.index("d_epochs |") - 2:]
+    table = section.split("\n\n")[0]
+    rows = {row[0]: float(row[1]) for row in markdown_rows.rows(table)[1:]}
     assert set(rows) == {"1", "3", "none"}                # none: the jobs it does not reach
     total = sum(c.flops for c in costs) / 100e12 / 3600
     assert sum(rows.values()) == pytest.approx(total, rel=1e-3)

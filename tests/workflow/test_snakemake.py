@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from markdown_rows import rows_with
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -233,11 +234,10 @@ def test_dense_target_fine_tunes_teacher_and_student_backbones(project):
     run = tiny(project, "dense")
     assert run.returncode == 0, run.stderr[-3000:]
     table = (project / "results" / "tables" / "dense.md").read_text()
-    rows = [r for r in table.splitlines() if "| synthetic | pretrain | cpu96 |" in r]
-    assert [r.split("|")[4].strip() for r in rows] == ["softmax teacher",
-                                                       "linear copy_mlp+distill"]
+    rows = rows_with(table, "synthetic", "pretrain", "cpu96")
+    assert [r[3] for r in rows] == ["softmax teacher", "linear copy_mlp+distill"]
     for row in rows:                       # mIoU, aAcc, box AP, mask AP: all measured
-        assert all(re.match(r"\d+\.\d\d$", v.strip()) for v in row.split("|")[5:9]), row
+        assert all(re.match(r"\d+\.\d\d$", v) for v in row[4:8]), row
     assert (project / "results" / "figures" / "dense.png").stat().st_size > 0
     assert "s per training step" in (project / "results" / "dense.md").read_text()
     # once the dense sub-grid has run, the main report carries it (and nothing else reruns)
@@ -260,10 +260,10 @@ def test_a_failing_cell_does_not_poison_the_others(project):
         run = tiny(project)
         assert run.returncode == 0, run.stderr[-2000:]
         main = (project / "results" / "tables" / "main.md").read_text()
-        rows = [r for r in main.splitlines() if "| random |" in r or "| copy_mlp+distill |" in r]
+        rows = rows_with(main, "random") + rows_with(main, "copy_mlp+distill")
         assert len(rows) == 2, main
-        assert all(r.split("|")[6].strip() == "failed" for r in rows), main   # focused column
-        assert all(re.match(r"\d+\.\d\d", r.split("|")[5].strip()) for r in rows), main
+        assert all(r[5] == "failed" for r in rows), main                   # focused column
+        assert all(re.match(r"\d+\.\d\d", r[4]) for r in rows), main
         report = (project / "results" / "report.md").read_text()
         assert "focused is broken" in report
         failed = project / "results/maps/synthetic/pretrain/cpu96/focused/record.json"

@@ -39,7 +39,7 @@ def _level(channels: int, scale: float) -> nn.Module:
 def adapted_state(checkpoint: str, model: nn.Module) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors reshaped for a ViT of another image size / channel count."""
     from timm.layers import resample_abs_pos_embed
-    from timm.models._manipulate import adapt_input_conv
+    from timm.models import adapt_input_conv
 
     state = {k: v for k, v in read_state_dict(checkpoint).items() if not k.startswith("head.")}
     own = model.state_dict()

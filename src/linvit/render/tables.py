@@ -10,16 +10,16 @@ import pandas as pd
 
 from linvit.io import write_text
 
-# Two-sided 95% Student-t quantiles by degrees of freedom; the normal quantile beyond.
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
+# LaTeX's ten special characters, for the caption (the cells go through pandas' own escape)
+_LATEX_SPECIALS = str.maketrans({
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"})
 
 
 def t95(dof: int) -> float:
-    """Conservative between table entries (the quantile of the next smaller dof)."""
-    if dof > 30:
-        return 1.960
-    return T95[max(d for d in T95 if d <= dof)]
+    """The two-sided 95% Student-t quantile for `dof` degrees of freedom."""
+    from scipy.stats import t
+    return float(t.ppf(0.975, dof))
 
 
 def summarize(values: list[float]) -> tuple[float, float | None, int]:
@@ -64,33 +64,27 @@ def rank(order: list | None, value) -> tuple:
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    names = list(table.index.names)
-    head = "| " + " | ".join(names + [str(c) for c in table.columns]) + " |"
-    rule = "|" + "---|" * len(names) + "---:|" * len(table.columns)
-    keys = [idx if isinstance(idx, tuple) else (idx,) for idx in table.index]
-    body = ["| " + " | ".join([str(v) for v in key] + [str(v) for v in row]) + " |"
-            for key, row in zip(keys, table.itertuples(index=False))]
-    return "\n".join([head, rule, *body]) + "\n"
+    """A GitHub table: the index columns left-aligned, the value columns right-aligned."""
+    flat = table.reset_index().map(lambda v: str(v).replace("|", r"\|"))
+    align = ["left"] * table.index.nlevels + ["right"] * len(table.columns)
+    # cells as written (no re-formatting of numbers by tabulate)
+    return flat.to_markdown(index=False, colalign=align, disable_numparse=True) + "\n"
 
 
-def _tex(text: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("&", r"\&"), ("%", r"\%"),
-                 ("#", r"\#"), ("±", r"$\pm$")):
-        text = text.replace(a, b)
-    return text
+def _tex_cell(text: str) -> str:
+    # after pandas' escape: ± as math, so that the .tex needs no textcomp
+    return str(text).replace("±", r"$\pm$")
 
 
 def to_latex(table: pd.DataFrame, caption: str) -> str:
-    names = list(table.index.names)
-    lines = [r"\begin{table}[t]", r"\centering", f"\\caption{{{_tex(caption)}}}",
-             r"\begin{tabular}{" + "l" * len(names) + "r" * len(table.columns) + "}",
-             r"\toprule",
-             " & ".join(_tex(str(c)) for c in names + list(table.columns)) + r" \\",
-             r"\midrule"]
-    for idx, row in zip(table.index, table.itertuples(index=False)):
-        lines.append(" & ".join(_tex(str(v)) for v in list(idx) + list(row)) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
-    return "\n".join(lines) + "\n"
+    """A booktabs table inside a float, every cell and header escaped by pandas' Styler."""
+    flat = table.reset_index()
+    flat.columns = [str(c) for c in flat.columns]
+    styler = flat.astype(str).style.hide(axis="index") \
+        .format(_tex_cell, escape="latex").format_index(escape="latex", axis=1)
+    columns = "l" * table.index.nlevels + "r" * len(table.columns)
+    return styler.to_latex(caption=caption.translate(_LATEX_SPECIALS), position="t",
+                           position_float="centering", hrules=True, column_format=columns)
 
 
 def write_table(table: pd.DataFrame, stem: str | Path, caption: str) -> None:
