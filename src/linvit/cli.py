@@ -35,7 +35,10 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from linvit import __version__
+
     parser = argparse.ArgumentParser(prog="linvit", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"linvit {__version__}")
     parser.add_argument("--nproc", type=_positive_int, default=1,
                         help="processes (GPUs) for data-parallel training; >1 relaunches "
                              "this command under torch.distributed.run (run.threads is then "
@@ -52,8 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--rerun", action="store_true",
                        help="run even if the folder holds a finished run (it is replaced); an "
                             "unfinished run of the same config resumes (for workflows)")
+        extra = (f"; a first argument without '=' sets {stage.positional}"
+                 if stage.positional else "")
         p.add_argument("overrides", nargs="*", metavar="field=value",
-                       help="dotted overrides, e.g. optim.lr=3e-4 model.operator=focused")
+                       help="dotted overrides, e.g. optim.lr=3e-4 model.operator=focused"
+                            + extra)
     demo = sub.add_parser("demo", help="the README's end-to-end transfer on Fashion-MNIST")
     demo.add_argument("-o", "--out", default="results/demo")
     demo.add_argument("--operator", default="linear")
@@ -99,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["plan"]:        # its own options; the workflow's code, named, not imported
         return _guarded("plan", lambda: _resolve("linvit.workflow.cost:main")(argv[1:]))
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(options_first(argv))
     if args.code_stamp and (problem := code_stamp_problem(args.code_stamp)):
         print(f"linvit {args.command}: error: {problem}; run the workflow again", file=sys.stderr)
         return 2
@@ -135,6 +141,34 @@ def _one_line(error: Exception) -> str:
     return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
+def options_first(argv: list[str]) -> list[str]:
+    """A positional stage's arguments with its options before its free words, so that
+    `linvit export RUN_DIR -o DIR field=value` parses (argparse takes one run of free words)."""
+    at = next((i for i, a in enumerate(argv) if a in STAGES), None)
+    if at is None or not STAGES[argv[at]].positional:
+        return argv
+    options, words, rest = [], [], iter(argv[at + 1:])
+    for item in rest:
+        if item in ("-o", "--out", "-c", "--config"):
+            options += [item, next(rest, "")]
+        elif item.startswith("-"):
+            options.append(item)
+        else:
+            words.append(item)
+    return [*argv[:at + 1], *options, *words]
+
+
+def with_positional(stage: str, overrides: list[str]) -> list[str]:
+    """`linvit export RUN_DIR ...`: the first argument that is not field=value (a path may hold
+    '=' too: the workflow's attn_start=teacher folders) sets the stage's positional field."""
+    field = STAGES[stage].positional
+    fields = stage_config(stage).__dataclass_fields__
+    for i, item in enumerate(overrides):
+        if field and item.partition("=")[0].split(".")[0] not in fields:
+            return [f"{field}={item}", *overrides[:i], *overrides[i + 1:]]
+    return list(overrides)
+
+
 def run_command(args) -> int:
     from linvit.config import load_config
     from linvit.io import dumps
@@ -147,7 +181,8 @@ def run_command(args) -> int:
     if args.command == "demo":
         _resolve("linvit.demo:run_demo")(args.out, args.operator, args.overrides)
         return 0
-    cfg = load_config(stage_config(args.command), args.config, args.overrides, args.command)
+    cfg = load_config(stage_config(args.command), args.config,
+                      with_positional(args.command, args.overrides), args.command)
     _check_device(cfg)
     metrics = _resolve(STAGES[args.command].entry)(cfg, args.out, replace=args.rerun)
     brief = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}

@@ -14,6 +14,7 @@ class Stage(NamedTuple):
     outputs: tuple = ()  # what a finished run leaves in its folder (checksummed in metrics.json)
     scratch: tuple = ()  # what it may write there on the way (resume state, work folders)
     optional: tuple = ()  # outputs written when the config asks for them (checksummed then)
+    positional: str | None = None  # the config field a first argument without "=" sets
 
 
 STAGES = {
@@ -98,6 +99,12 @@ STAGES = {
         "report's figure",
         "linvit.transfer.maps:run_attention_maps", "linvit.transfer.config:MapsConfig",
         outputs=("maps.safetensors",)
+    ),
+    "export": Stage(
+        "a finished run's model as a Hugging Face Hub-style folder that timm loads "
+        "(model.safetensors, config.json, model card); push_to_hub=ORG/NAME uploads it",
+        "linvit.export.stage:run_export", "linvit.export.config:ExportConfig",
+        outputs=("model.safetensors", "config.json", "README.md"), positional="source"
     ),
     "bench": Stage(
         "time and peak memory of every operator against tokens, and of whole models against "
