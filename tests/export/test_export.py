@@ -92,7 +92,8 @@ def test_the_model_card_names_its_numbers_from_the_runs_files(chain):
         flops = m["train_images"] * m["train_flops_per_image"]
         assert f"| {name} | {m['train_images']:,} | {flops:.3g} |" in card
     total = cell["train_images"] + distill["train_images"]
-    assert f"| total | {total:,} |" in card
+    flops = sum(m["train_images"] * m["train_flops_per_image"] for m in (cell, distill))
+    assert f"| total | {total:,} | {flops:.3g} |" in card
     assert "arXiv" in card and 'timm.create_model("local-dir:' in card
 
 
