@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from markdown_rows import has_row
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

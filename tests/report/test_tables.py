@@ -42,11 +42,11 @@ def test_tables_show_missing_and_failed_cells_and_match_known_output():
     orders = {"init": ["random", "copy_mlp"], "operator": ["linear", "focused", "softmax"]}
     table = main_table(results, Grid([], "out", orders, []))
     assert to_markdown(table) == (
-        "| dataset   | teacher   | size   | init                 |   linear |   focused |   softmax |\n"
-        "|:----------|:----------|:-------|:---------------------|---------:|----------:|----------:|\n"
-        "| d         | t         | s      | teacher (pretrained) |          |           |     80.00 |\n"
-        "| d         | t         | s      | random               |    61.50 |    failed |           |\n"
-        "| d         | t         | s      | copy_mlp             |    70.25 |   missing |           |\n")
+        "| dataset   | teacher   | size   | init                 |   linear |   focused |   softmax |\n"  # noqa: E501
+        "|:----------|:----------|:-------|:---------------------|---------:|----------:|----------:|\n"  # noqa: E501
+        "| d         | t         | s      | teacher (pretrained) |          |           |     80.00 |\n"  # noqa: E501
+        "| d         | t         | s      | random               |    61.50 |    failed |           |\n"  # noqa: E501
+        "| d         | t         | s      | copy_mlp             |    70.25 |   missing |           |\n")  # noqa: E501
     latex = to_latex(table, "Top-1 & more")
     assert r"\caption{Top-1 \& more}" in latex
     assert r"d & t & s & random & 61.50 & failed &  \\" in latex

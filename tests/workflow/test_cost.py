@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
+import markdown_rows
 from linvit import cli
 from linvit.models import ModelSpec
 from linvit.models.flops import forward_flops, train_flops_per_image
 from linvit.workflow import cost
 
 from grid_configs import ROOT, default_config
-import markdown_rows
 
 
 def costs_of(config: dict) -> list[cost.Cost]:

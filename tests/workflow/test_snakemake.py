@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+
 from markdown_rows import rows_with
 
 ROOT = Path(__file__).resolve().parents[2]

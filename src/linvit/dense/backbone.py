@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from linvit.dense.adapter_spec import adapter_spec
-from linvit.models import ModelSpec, create_vit, load_strict, read_spec, read_state_dict
+from linvit.models import create_vit, load_strict, read_spec, read_state_dict
 
 STRIDES = (4, 8, 16, 32)
 
@@ -66,8 +66,7 @@ class LinViTBackbone(nn.Module):
                  neck: str = "simple", adapter: dict | None = None, frozen_vit: bool = False):
         super().__init__()
         base = read_spec(checkpoint)
-        self.spec = ModelSpec(**{**base.as_dict(), "img_size": img_size, "in_chans": in_chans,
-                                 "num_classes": 0})
+        self.spec = base.derive(img_size=img_size, in_chans=in_chans, num_classes=0)
         self.vit = create_vit(self.spec)
         load_strict(self.vit, adapted_state(checkpoint, self.vit), checkpoint)
         self.vit.requires_grad_(not frozen_vit)

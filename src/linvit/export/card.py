@@ -95,8 +95,9 @@ def _results(rec: dict) -> list[str]:
              f"{split} images of `{data.get('dataset')}` | {m['top1']:.2f} | {m['top5']:.2f} |"]
     seeds = [r for r in rec["seeds"] if r["top1"] is not None]
     if len(seeds) > 1:
-        lines.append(f"| {len(seeds)} seeds of this cell ({', '.join(str(r['seed']) for r in seeds)}"
-                     f"), mean ± 95% CI | {mean_ci([r['top1'] for r in seeds])} | |")
+        names = ", ".join(str(r["seed"]) for r in seeds)
+        lines.append(f"| {len(seeds)} seeds of this cell ({names}), mean ± 95% CI | "
+                     f"{mean_ci([r['top1'] for r in seeds])} | |")
     if rec["teacher"]:
         t = rec["teacher"]["metrics"]
         lines.append(f"| its softmax teacher | {t['top1']:.2f} | {t['top5']:.2f} |")

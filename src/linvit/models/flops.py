@@ -12,21 +12,20 @@ bound there, stated rather than guessed at.
 from __future__ import annotations
 
 from linvit.attention import OPERATORS
-from linvit.models.sizes import get_size
 
 TRAIN_FACTOR = 3.0        # forward + backward, per image, relative to the forward
 
 
 def tokens(spec) -> int:
-    """Patches plus the class token."""
-    size = get_size(spec.size)
-    return (spec.img_size // size.patch_size) ** 2 + 1
+    """Patches plus the prefix tokens (class, registers)."""
+    size = spec.model_size
+    return (spec.img_size // size.patch_size) ** 2 + size.prefix_tokens
 
 
 def attention_flops(spec) -> float:
     """One block's attention forward per image: qkv, every head's core, the operator's own
     projections, the output projection."""
-    size, n = get_size(spec.size), tokens(spec)
+    size, n = spec.model_size, tokens(spec)
     head_dim, operator = size.width // size.heads, OPERATORS[spec.operator]
     core = operator.core_flops(n, head_dim)
     if core is None:
@@ -36,13 +35,13 @@ def attention_flops(spec) -> float:
 
 
 def mlp_flops(spec) -> float:
-    size, n = get_size(spec.size), tokens(spec)
+    size, n = spec.model_size, tokens(spec)
     return 2.0 * n * size.width * int(size.width * size.mlp_ratio) * 2
 
 
 def forward_flops(spec) -> float:
     """One image through the whole model."""
-    size = get_size(spec.size)
+    size = spec.model_size
     patches = (spec.img_size // size.patch_size) ** 2
     embed = 2.0 * patches * spec.in_chans * size.patch_size ** 2 * size.width
     blocks = size.depth * (attention_flops(spec) + mlp_flops(spec))

@@ -1,5 +1,7 @@
 """The model-size registry: transformer shapes only. Image size, channels and classes come from the
-dataset, so one size serves every dataset.
+dataset, so one size serves every dataset. A ModelSize also describes any timm ViT read from timm
+itself (linvit.models.architecture): its token layout, LayerScale, pooling and norms, as timm's
+VisionTransformer arguments.
 
 CPU sizes are for this project's laptop runs on 28-32 px images; the DeiT shapes match timm's
 deit_*_patch16_224 so their pretrained checkpoints load tensor for tensor.
@@ -21,13 +23,46 @@ class ModelSize:
     qkv_bias: bool = True
     timm_name: str | None = None      # timm model whose pretrained weights have this shape
     description: str = ""
+    # timm's VisionTransformer defaults below: the registry's sizes are plain DeiT-style ViTs
+    class_token: bool = True
+    reg_tokens: int = 0               # register tokens (DINOv2-reg)
+    no_embed_class: bool = False      # position embedding over patches only (DeiT-III, -reg)
+    init_values: float | None = None  # LayerScale's initial value; None: no LayerScale
+    global_pool: str = "token"        # "token" (the class token), "avg" (MAE's fine-tuning)
+    pre_norm: bool = False            # a norm before the blocks (CLIP)
+    final_norm: bool = True
+    fc_norm: bool | None = None       # None: timm's choice (with avg pooling)
 
     def timm_kwargs(self) -> dict:
         return dict(embed_dim=self.width, depth=self.depth, num_heads=self.heads,
-                    patch_size=self.patch_size, mlp_ratio=self.mlp_ratio, qkv_bias=self.qkv_bias)
+                    patch_size=self.patch_size, mlp_ratio=self.mlp_ratio, qkv_bias=self.qkv_bias,
+                    class_token=self.class_token, reg_tokens=self.reg_tokens,
+                    no_embed_class=self.no_embed_class, init_values=self.init_values,
+                    global_pool=self.global_pool, pre_norm=self.pre_norm,
+                    final_norm=self.final_norm, fc_norm=self.fc_norm)
+
+    @property
+    def prefix_tokens(self) -> int:
+        return int(self.class_token) + self.reg_tokens
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelSize:
+        """A ModelSize from a spec's `architecture` (ValueError naming an unknown field)."""
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"architecture has unknown fields {unknown}")
+        size = cls(**d)
+        for name in ("width", "depth", "heads", "patch_size"):
+            value = getattr(size, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"architecture.{name}: expected an integer >= 1, got {value!r}")
+        if size.width % size.heads:
+            raise ValueError(f"architecture: width {size.width} is not a multiple of "
+                             f"{size.heads} heads")
+        return size
 
 
 SIZES: Registry[ModelSize] = Registry("model size", {

@@ -19,16 +19,34 @@ MAX_LAYER_PARAMETERS = 10**9
 
 @dataclass(frozen=True)
 class ModelSpec:
-    size: str
+    size: str                 # a registry size, or the timm model an architecture was read from
     operator: str
     num_classes: int
     img_size: int
     in_chans: int
     operator_options: dict = field(default_factory=dict)
     drop_path: float = 0.0
+    # a ModelSize's fields read from a timm model (linvit.models.architecture); None: `size` is
+    # a registry size
+    architecture: dict | None = None
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["architecture"] is None:       # registry sizes: the records of before it existed
+            del d["architecture"]
+        return d
+
+    @property
+    def model_size(self) -> ModelSize:
+        """The transformer's shape: the architecture it carries, or its registry size's."""
+        if self.architecture is not None:
+            return ModelSize.from_dict(dict(self.architecture))
+        return get_size(self.size)
+
+    def derive(self, **changes) -> ModelSpec:
+        """This spec with `changes` (its architecture kept): a student of a teacher, a backbone
+        at another image size."""
+        return ModelSpec(**{**self.as_dict(), **changes})
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelSpec:
@@ -40,7 +58,7 @@ class ModelSpec:
 
     def check(self) -> None:
         """ValueError naming the field when no model can be built from this spec."""
-        size = get_size(self.size)
+        size = self.model_size
         check_options(self.operator, dict(self.operator_options))
         for name, low in (("num_classes", 0), ("img_size", 1), ("in_chans", 1)):  # 0: no head
             value = getattr(self, name)
@@ -60,8 +78,7 @@ class ModelSpec:
                              f"float32; at most {MAX_LAYER_PARAMETERS:.0e} are allowed)")
 
     def with_operator(self, operator: str, operator_options: dict | None = None) -> ModelSpec:
-        return ModelSpec(**{**self.as_dict(), "operator": operator,
-                            "operator_options": dict(operator_options or {})})
+        return self.derive(operator=operator, operator_options=dict(operator_options or {}))
 
 
 def layer_parameters(spec: ModelSpec, size: ModelSize) -> int:

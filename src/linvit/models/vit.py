@@ -5,7 +5,6 @@ from __future__ import annotations
 from timm.models.vision_transformer import VisionTransformer
 
 from linvit.attention import AttentionOperator, operator_class
-from linvit.models.sizes import get_size
 from linvit.models.spec import ModelSpec
 
 
@@ -15,7 +14,7 @@ class LinvitViT(VisionTransformer):
 
     def __init__(self, spec: ModelSpec):
         spec.check()
-        size = get_size(spec.size)
+        size = spec.model_size
         super().__init__(img_size=spec.img_size, in_chans=spec.in_chans,
                          num_classes=spec.num_classes,
                          attn_layer=operator_class(spec.operator, **spec.operator_options),

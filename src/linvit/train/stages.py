@@ -91,8 +91,8 @@ def run_probe(cfg, out, replace: bool = False) -> dict:
     info, train_loader, test_loader, batch_aug = training_loaders(cfg, rt)
     source = ModelFile(cfg.teacher)
     teacher = source.spec
-    spec = ModelSpec(teacher.size, teacher.operator, info.num_classes, info.img_size,
-                     info.in_chans, dict(teacher.operator_options))
+    spec = teacher.derive(num_classes=info.num_classes, img_size=info.img_size,
+                          in_chans=info.in_chans)
     check_model_fits(spec, info, cfg.data.dataset)
     model = create_vit(spec)
     backbone = {k: v for k, v in source.state.items()

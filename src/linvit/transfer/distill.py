@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from linvit.errors import ConfigError
-from linvit.models.sizes import get_size
 from linvit.transfer.groups import group_of
 from linvit.transfer.losses import get_loss
 from linvit.transfer.quality import MAX_BATCHES, teacher_forced
@@ -103,7 +102,7 @@ class DistillObjective(nn.Module):
         if "block_out" in self.targets:
             layer += flops.TRAIN_FACTOR * (flops.attention_flops(s) + flops.mlp_flops(s))
         if "attn_map" in self.targets:
-            size, n = get_size(s.size), flops.tokens(s)
+            size, n = s.model_size, flops.tokens(s)
             product = 2.0 * n * n * size.width           # Q K^T over all heads
             layer += 2.0 * n * size.width * 3 * size.width + product  # the teacher's again
             layer += flops.TRAIN_FACTOR * product

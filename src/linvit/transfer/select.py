@@ -75,10 +75,13 @@ def selection(teacher: ModelSize, student: ModelSize) -> dict[str, torch.Tensor]
             "blocks": torch.arange(student.depth)}
 
 
-def select_state(teacher_state: dict[str, torch.Tensor], teacher_size: str,
-                 student_names: list[str], student_size: str) -> dict[str, torch.Tensor]:
-    """The student's tensors (named student_names) cut out of the teacher's."""
-    index = selection(get_size(teacher_size), get_size(student_size))
+def select_state(teacher_state: dict[str, torch.Tensor], teacher_size: str | ModelSize,
+                 student_names: list[str], student_size: str | ModelSize
+                 ) -> dict[str, torch.Tensor]:
+    """The student's tensors (named student_names) cut out of the teacher's (sizes by registry
+    name, or a spec's model_size: a teacher read from timm)."""
+    index = selection(*(get_size(s) if isinstance(s, str) else s
+                        for s in (teacher_size, student_size)))
     out = {}
     for name in student_names:
         if name not in teacher_state:

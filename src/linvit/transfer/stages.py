@@ -47,8 +47,10 @@ def student_spec(cfg, teacher_spec: ModelSpec, info) -> ModelSpec:
     size = cfg.model.size or teacher_spec.size
     if size != teacher_spec.size:
         raise ConfigError(f"model.size: {size!r} differs from the teacher's {teacher_spec.size!r}")
-    return ModelSpec(size, cfg.model.operator, info.num_classes, info.img_size, info.in_chans,
-                     dict(cfg.model.operator_options), cfg.model.drop_path)
+    return teacher_spec.derive(operator=cfg.model.operator, num_classes=info.num_classes,
+                               img_size=info.img_size, in_chans=info.in_chans,
+                               operator_options=dict(cfg.model.operator_options),
+                               drop_path=cfg.model.drop_path)
 
 
 def check_distilled(distilled: ModelFile, spec: ModelSpec) -> None:
@@ -302,13 +304,13 @@ def run_select(cfg, out, replace: bool = False) -> dict:
     teacher = source.check_teacher()
     spec = ModelSpec(cfg.size, "softmax", teacher.num_classes, teacher.img_size, teacher.in_chans)
     model = create_vit(spec)
-    model.load_state_dict(select_state(source.state, teacher.size,
+    model.load_state_dict(select_state(source.state, teacher.model_size,
                                        list(model.state_dict()), cfg.size), strict=True)
     info = get_dataset(cfg.data.dataset).info(cfg.data.root, cfg.data.img_size)
     scored = (info.num_classes, info.img_size) == (spec.num_classes, spec.img_size)
     test = make_test_loader(cfg.data, rt) if scored else None
     run.open(f"selecting {cfg.size} from the {teacher.size} teacher {cfg.teacher}")
-    index = selection(get_size(teacher.size), get_size(cfg.size))
+    index = selection(teacher.model_size, get_size(cfg.size))
     write_json(run.path / "selected.json", {"teacher": cfg.teacher, "teacher_size": teacher.size,
                                            "size": cfg.size,
                                            **{k: v.tolist() for k, v in index.items()}})

@@ -90,9 +90,8 @@ def _parameters(size, operator, options, classes, img_size, chans) -> int:
 
 def activation_bytes(spec, batch: int) -> float:
     from linvit.models.flops import tokens
-    from linvit.models.sizes import get_size
 
-    size, n = get_size(spec.size), tokens(spec)
+    size, n = spec.model_size, tokens(spec)
     per_block = 34.0 * n * size.width + (5.0 * size.heads * n * n if spec.operator == "softmax"
                                           else 0.0)
     return batch * size.depth * per_block
@@ -142,12 +141,11 @@ def corrupted_images(config: dict) -> int:
 def peak_bytes(cfg, stage: str, student, teacher) -> float:
     """Weights, gradients and AdamW's moments of what trains, the frozen teacher's weights, and
     the batch's activations on one device (the assumptions of the module docstring)."""
-    from linvit.models.sizes import get_size
 
     trained = parameters(student)
     frozen = parameters(teacher) if stage in ("distill", "finetune") else 0
     if stage == "probe" and cfg.mode == "linear":           # the head alone learns
-        head = (get_size(student.size).width + 1) * student.num_classes
+        head = (student.model_size.width + 1) * student.num_classes
         trained, frozen = head, trained - head
     return 16.0 * trained + 4.0 * frozen + activation_bytes(student, cfg.data.batch_size)
 
