@@ -32,6 +32,7 @@ class ModelSize:
     pre_norm: bool = False            # a norm before the blocks (CLIP)
     final_norm: bool = True
     fc_norm: bool | None = None       # None: timm's choice (with avg pooling)
+    img_size: int | None = None       # the image size timm's model is made for (informative)
 
     def timm_kwargs(self) -> dict:
         return dict(embed_dim=self.width, depth=self.depth, num_heads=self.heads,

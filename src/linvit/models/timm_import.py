@@ -74,11 +74,9 @@ def _head_state(spec: ModelSpec, name: str | None) -> str:
     none)."""
     import timm
 
-    from linvit.models.sizes import get_size
-
     if spec.num_classes == 0:
         return "none"
-    cfg = timm.models.get_pretrained_cfg(name or get_size(spec.size).timm_name)
+    cfg = timm.models.get_pretrained_cfg(name or spec.model_size.timm_name)
     return "trained" if getattr(cfg, "num_classes", None) == spec.num_classes else "new"
 
 
@@ -90,9 +88,8 @@ def _timm_pretrained(spec: ModelSpec, overlay: dict | None = None,
     import timm
 
     from linvit.attention import operator_class
-    from linvit.models.sizes import get_size
 
-    size = get_size(spec.size)
+    size = spec.model_size
     name = name or size.timm_name
     if name is None:
         raise CheckpointError(f"size {spec.size!r} has no timm pretrained weights; pass a file")

@@ -46,8 +46,27 @@ class EvaluateConfig:
         required_file("checkpoint", self.checkpoint)
 
 
+def import_size(name: str) -> dict | None:
+    """The architecture of a softmax teacher of size `name`: None for a registry size, else that
+    of the timm model `name`, read from timm (ConfigError naming why it cannot be)."""
+    if isinstance(name, str) and name in SIZES:
+        return None
+    from dataclasses import asdict
+
+    from linvit.models.architecture import read_architecture
+
+    if not isinstance(name, str):
+        raise ConfigError(f"size: {name!r} is not a size name")
+    try:
+        return asdict(read_architecture(name))
+    except ConfigError as e:
+        raise ConfigError(f"size: {e}") from None
+
+
 @dataclass
 class ImportConfig:
+    # a linvit size (`linvit list`), or any timm ViT name (vit_small_patch14_dinov2,
+    # vit_base_patch16_224.mae): its architecture read from timm (linvit.models.architecture)
     size: str = "deit_t"
     file: str | None = None           # None: timm's pretrained loader (cache or network)
     layout: str = "timm"              # the file's key layout (linvit.models.layouts)
@@ -60,7 +79,6 @@ class ImportConfig:
     def validate(self, p: str) -> None:
         from linvit.models.layouts import LAYOUTS
 
-        one_of("size", self.size, SIZES)
         one_of("layout", self.layout, LAYOUTS)
         existing_file("file", self.file)
         if self.file is not None and self.timm_name is not None:
@@ -68,7 +86,8 @@ class ImportConfig:
                               "not both")
         if self.headless and self.reset_head:
             raise ConfigError("headless: a headless import has no head to reset")
-        check_spec("size", ModelSpec(self.size, "softmax", 1, image_size("data", self.data), 1))
+        check_spec("size", ModelSpec(self.size, "softmax", 1, image_size("data", self.data), 1,
+                                     architecture=import_size(self.size)))
 
 
 @dataclass

@@ -14,7 +14,7 @@ from linvit.models import ModelSpec, create_vit, load_model, save_model
 from linvit.runs.evaluation import check_model_fits, evaluate, make_test_loader
 from linvit.runs.stage import completed_metrics, prepare_run, start_run
 from linvit.train.common import finish_training
-from linvit.train.config import EvaluateConfig, ImportConfig, PretrainConfig
+from linvit.train.config import EvaluateConfig, ImportConfig, PretrainConfig, import_size
 from linvit.train.objectives import ClassificationObjective
 from linvit.train.recipe import make_ema, training_loaders
 from linvit.train.trainer import fit
@@ -65,7 +65,8 @@ def run_import(cfg: ImportConfig, out, replace: bool = False) -> dict:
         return completed_metrics(run)
     info = get_dataset(cfg.data.dataset).info(cfg.data.root, cfg.data.img_size)
     classes = 0 if cfg.headless else info.num_classes
-    spec = ModelSpec(cfg.size, "softmax", classes, info.img_size, info.in_chans)
+    spec = ModelSpec(cfg.size, "softmax", classes, info.img_size, info.in_chans,
+                     architecture=import_size(cfg.size))
     model, report = import_timm_weights(spec, cfg.file, cfg.reset_head, cfg.layout,
                                         cfg.timm_name)
     run.open()
