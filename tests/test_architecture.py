@@ -13,7 +13,7 @@ from linvit.workflow import deps
 
 # Packages that are stages of the pipeline; shared code lives outside them (runs/, render/,
 # config.py, models/, data/, attention/, ops/, io.py, errors.py, trees.py).
-STAGE_PACKAGES = ("train", "transfer", "dense", "bench", "robustness", "report")
+STAGE_PACKAGES = ("train", "transfer", "dense", "bench", "robustness", "report", "export")
 # Stages that share no code with another stage (transfer builds on train's training loop).
 SELF_CONTAINED = ("dense", "bench", "robustness", "report")
 

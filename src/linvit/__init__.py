@@ -11,11 +11,3 @@ except PackageNotFoundError:          # run from a source tree that was never in
 
 register_when_timm_loads()
 
-
-def __getattr__(name: str):
-    # the notebook API (linvit.api), imported when first used: `import linvit` stays light
-    if name in ("convert", "distill", "finetune"):
-        from linvit import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'linvit' has no attribute {name!r}")

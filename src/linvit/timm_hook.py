@@ -18,9 +18,11 @@ ARCHITECTURE = "linvit_vit"
 def linvit_vit(pretrained: bool = False, **kwargs):
     """timm's entrypoint: the model a `linvit export` folder describes (its config.json's
     model_args hold the linvit model spec)."""
-    from linvit.models.hub import build_for_timm
+    import importlib
 
-    return build_for_timm(pretrained, **kwargs)
+    # by name: the model code is not a dependency of every module that imports linvit (the
+    # workflow's code map, linvit.workflow.deps, follows imports)
+    return importlib.import_module("linvit.models.hub").build_for_timm(pretrained, **kwargs)
 
 
 def register() -> None:
