@@ -8,6 +8,7 @@ from linvit.render.tables import summarize, to_latex, to_markdown
 from linvit.report.collect import results_frame
 from linvit.report.grid import Grid
 from linvit.report.tables import format_cell, main_table
+from markdown_rows import has_row
 
 
 def record(kind, key, top1=None, status="ok"):
@@ -80,3 +81,17 @@ def test_by_teacher_table_puts_teachers_side_by_side():
     assert table.loc[("d", "s", "linear", "copy_mlp"), "sup"].startswith("71.00")
     main = main_table(results, Grid([], "out", orders, []))
     assert ("d", "ssl", "s", "teacher (selected)") in main.index
+
+
+def test_a_value_column_named_like_an_index_level_is_named_by_its_axis(tmp_path):
+    """attn_start's values (random, teacher) as columns beside the teacher axis: every writer
+    keeps both, the clashing value column as "attn_start=teacher"."""
+    from linvit.render.tables import write_table
+
+    table = pd.DataFrame([["1.00", "2.00"]], index=pd.Index(["sup"], name="teacher"),
+                         columns=pd.Index(["random", "teacher"], name="attn_start"))
+    write_table(table, tmp_path / "t", "by attn_start")
+    assert (tmp_path / "t.csv").read_text().splitlines()[0] == \
+        "teacher,random,attn_start=teacher"
+    assert has_row((tmp_path / "t.md").read_text(), "sup", "1.00", "2.00")
+    assert r"teacher & random & attn\_start=teacher" in (tmp_path / "t.tex").read_text()

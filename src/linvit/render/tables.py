@@ -63,12 +63,21 @@ def rank(order: list | None, value) -> tuple:
     return (order.index(value), "") if value in order else (len(order), str(value))
 
 
+def flat(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with its index as leading columns; a value column named like an index level
+    (the attn_start axis' "teacher" beside the teacher axis) is named by its axis, "axis=value"."""
+    names = set(table.index.names)
+    axis = table.columns.name
+    clash = {c: f"{axis}={c}" if axis else f"{c} (value)" for c in table.columns if c in names}
+    return table.rename(columns=clash).reset_index()
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     """A GitHub table: the index columns left-aligned, the value columns right-aligned."""
-    flat = table.reset_index().map(lambda v: str(v).replace("|", r"\|"))
+    flat_table = flat(table).map(lambda v: str(v).replace("|", r"\|"))
     align = ["left"] * table.index.nlevels + ["right"] * len(table.columns)
     # cells as written (no re-formatting of numbers by tabulate)
-    return flat.to_markdown(index=False, colalign=align, disable_numparse=True) + "\n"
+    return flat_table.to_markdown(index=False, colalign=align, disable_numparse=True) + "\n"
 
 
 def _tex_cell(text: str) -> str:
@@ -78,9 +87,9 @@ def _tex_cell(text: str) -> str:
 
 def to_latex(table: pd.DataFrame, caption: str) -> str:
     """A booktabs table inside a float, every cell and header escaped by pandas' Styler."""
-    flat = table.reset_index()
-    flat.columns = [str(c) for c in flat.columns]
-    styler = flat.astype(str).style.hide(axis="index") \
+    flat_table = flat(table)
+    flat_table.columns = [str(c) for c in flat_table.columns]
+    styler = flat_table.astype(str).style.hide(axis="index") \
         .format(_tex_cell, escape="latex").format_index(escape="latex", axis=1)
     columns = "l" * table.index.nlevels + "r" * len(table.columns)
     return styler.to_latex(caption=caption.translate(_LATEX_SPECIALS), position="t",
@@ -90,6 +99,6 @@ def to_latex(table: pd.DataFrame, caption: str) -> str:
 def write_table(table: pd.DataFrame, stem: str | Path, caption: str) -> None:
     """stem.csv, stem.md and stem.tex."""
     stem = Path(stem)
-    write_text(stem.with_name(stem.name + ".csv"), table.reset_index().to_csv(index=False))
+    write_text(stem.with_name(stem.name + ".csv"), flat(table).to_csv(index=False))
     write_text(stem.with_name(stem.name + ".md"), to_markdown(table))
     write_text(stem.with_name(stem.name + ".tex"), to_latex(table, caption))
