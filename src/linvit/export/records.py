@@ -8,7 +8,11 @@ from pathlib import Path
 from linvit.errors import ConfigError
 from linvit.io import load_yaml, read_json
 from linvit.models.checkpoint import ModelFile
+from linvit.models.tensor_files import ORIGIN_KEY
+from linvit.runs.rundir import config_identity
 from linvit.runs.verify import check_run, verified_metrics
+
+SEED = frozenset({("run", "seed")})
 
 
 def finished_run(folder: str | Path, field: str = "source") -> dict:
@@ -49,18 +53,10 @@ def producer(model_path: Path | None) -> dict | None:
     return {"path": str(model_path), "metrics": metrics, "config": run_config(model_path.parent)}
 
 
-def _identity(config: dict) -> dict:
-    run = {k: v for k, v in config.get("run", {}).items()
-           if k not in ("seed", "threads", "progress")}
-    return {**{k: v for k, v in config.items() if k not in ("run", "data")},
-            "data": {k: v for k, v in config.get("data", {}).items() if k != "workers"},
-            "run": run}
-
-
-def seed_runs(folder: Path, config: dict) -> list[dict]:
+def seed_runs(folder: Path, config: dict, own: dict) -> list[dict]:
     """Finished runs beside `folder` (its parent's other sub-folders: the workflow's seedN) whose
     config differs from its own in run.seed alone, with their metrics, seed-ordered."""
-    folder, want, found = folder.resolve(), _identity(config), []
+    folder, want, found = folder.resolve(), config_identity(config, SEED), []
     for other in sorted(p for p in folder.parent.iterdir() if p.is_dir()):
         if not (other / "config.yaml").is_file():
             continue
@@ -68,7 +64,11 @@ def seed_runs(folder: Path, config: dict) -> list[dict]:
             cfg = run_config(other)
         except (OSError, KeyError, TypeError, ValueError):
             continue
-        if _identity(cfg) == want and (metrics := verified_metrics(other)) is not None:
+        if config_identity(cfg, SEED) != want:
+            continue
+        # the exported run itself was verified already (finished_run)
+        metrics = own if other == folder else verified_metrics(other)
+        if metrics is not None:
             found.append({"seed": cfg["run"]["seed"], "top1": metrics.get("top1"),
                           "path": str(other)})
     return sorted(found, key=lambda r: r["seed"])
@@ -84,6 +84,6 @@ def gather(folder: str | Path, use_seeds: bool = True) -> dict:
     teacher = producer(input_path(config.get("teacher"), metrics))
     distilled = producer(input_path(config.get("distilled"), metrics))
     return {"folder": str(folder), "metrics": metrics, "config": config, "copied": copied,
-            "origin": model_file.carried(head=False).get("linvit_origin"),
+            "model_file": model_file, "origin": model_file.carried(head=False).get(ORIGIN_KEY),
             "teacher": teacher, "distilled": distilled,
-            "seeds": seed_runs(folder, config) if use_seeds else []}
+            "seeds": seed_runs(folder, config, metrics) if use_seeds else []}

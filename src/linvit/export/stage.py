@@ -32,14 +32,13 @@ def label_names(config: dict) -> tuple:
 def run_export(cfg: ExportConfig, out, replace: bool = False) -> dict:
     from linvit.export.card import model_card
     from linvit.export.records import gather
-    from linvit.models.checkpoint import ModelFile
     from linvit.models.hub import pretrained_cfg, write_hf_folder
 
     run = prepare_run(cfg, out, "export", replace)
     if run.finished:
         return completed_metrics(run)
     rec = gather(cfg.source, cfg.seed_runs)            # refuses an unfinished run, naming why
-    source = ModelFile(Path(cfg.source) / "model.safetensors")
+    source = rec["model_file"]
     if source.maps_teacher is not None:
         raise ConfigError(f"source: {cfg.source} runs on its teacher's attention maps "
                           "(attention transfer, copy mode); it cannot stand alone as a model")

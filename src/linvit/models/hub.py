@@ -5,7 +5,6 @@ writes them)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from linvit.models.spec import ModelSpec
@@ -80,6 +79,3 @@ def write_hf_folder(model, folder: Path, cfg: dict, metadata: dict) -> None:
     # the same tensors again, with linvit's metadata (timm's loader reads the tensors alone)
     save_model(model, folder / "model.safetensors", metadata=metadata)
 
-
-def read_hf_config(folder: Path) -> dict:
-    return json.loads((Path(folder) / "config.json").read_text())

@@ -48,8 +48,11 @@ VOLATILE = {("run", "progress"), ("run", "threads"), ("data", "workers")}
 log = logging.getLogger("linvit")
 
 
-def _identity(config: dict) -> dict:
-    return {k: ({kk: vv for kk, vv in v.items() if (k, kk) not in VOLATILE}
+def config_identity(config: dict, ignore: frozenset = frozenset()) -> dict:
+    """The config without the fields that do not change results (VOLATILE) and `ignore`'s
+    (section, field) pairs."""
+    skip = VOLATILE | ignore
+    return {k: ({kk: vv for kk, vv in v.items() if (k, kk) not in skip}
                 if isinstance(v, dict) else v) for k, v in config.items()}
 
 
@@ -137,7 +140,7 @@ class RunDir:
     def identity(self) -> dict:
         """The config without the fields a resume may change (threads, progress, workers):
         what a training checkpoint must match to be continued."""
-        return _identity(self.config)
+        return config_identity(self.config)
 
     def complete(self) -> bool:
         return verified_metrics(self.path) is not None
@@ -198,7 +201,8 @@ class RunDir:
             return Problem(f"{self.path} holds a {old_stage} run, not a {self.stage} run; use "
                            "another output folder, or --rerun to replace it")
         # no config.yaml: the previous attempt stopped before writing one, so nothing ran
-        changes = _diff(_identity(old.get("config", {})), _identity(self.config)) if old else []
+        changes = (_diff(config_identity(old.get("config", {})), config_identity(self.config))
+                   if old else [])
         if changes:
             return Problem(f"{self.path} holds a {old_stage} run with another config "
                            f"({'; '.join(changes[:5])}); use another output folder, or --rerun "
