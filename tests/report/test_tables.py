@@ -77,6 +77,7 @@ def test_by_teacher_table_puts_teachers_side_by_side():
     orders = {"teacher": ["sup", "ssl"], "init": ["copy_mlp"], "operator": ["linear"]}
     table = axis_table(results, Grid([], "out", orders, []), "teacher")
     assert list(table.columns) == ["sup", "ssl"]
+    assert table.columns.name == "teacher"   # what names a clashing value column in the writers
     assert table.loc[("d", "s", "linear", "copy_mlp"), "ssl"] == "60.00"
     assert table.loc[("d", "s", "linear", "copy_mlp"), "sup"].startswith("71.00")
     main = main_table(results, Grid([], "out", orders, []))

@@ -123,6 +123,9 @@ def test_an_axis_of_several_fields_names_its_values():
     ({"e": {**DISTILL, "values": ["none"]}}, "value label 'none' cannot name a folder"),
     ({"e": {**DISTILL, "values": [-1]}}, "value label '-1' cannot name a folder"),
     ({"e": {**DISTILL, "values": [[1, 2]]}}, "axes.e: value [1, 2] has no label of its own"),
+    # what YAML makes of `values: {off: 0, kd2: 2}`
+    ({"e": {**DISTILL, "values": {False: 0, "kd2": 2}}},
+     "axes.e.values: the label False is a boolean (YAML reads an unquoted off"),
     ({"e": {"stage": "distill", "values": [1, 2]}},
      "axes.e: without `field`, values must map each label"),
     ({"lr": {**FINETUNE, "values": {"neg": -1.0}}},

@@ -168,7 +168,7 @@ class Verdict:
 def _own(claim: Claim, e: Estimate, gate: Estimate | None) -> tuple[str, str]:
     """(verdict, note) of one student."""
     if gate is not None and gate.verdict != HOLDS:
-        return NO_BENEFIT, f"{claim.gate.contrast} > 0 is {gate.verdict}"
+        return NO_BENEFIT, f"{claim.gate.contrast} > 0: {gate.verdict}"
     hurt = claim.hurts and e.interval is not None and e.interval[1] < 0
     return e.verdict, HURTS if hurt else ""
 

@@ -39,6 +39,7 @@ def pivot(frame: pd.DataFrame, index: list[str], columns: str, orders: dict) -> 
     cols = sorted({k[-1] for k in cells}, key=lambda v: rank(orders.get(columns), v))
     table = pd.DataFrame([[cells.get((*r, c), "") for c in cols] for r in rows], columns=cols,
                          index=pd.MultiIndex.from_tuples(rows, names=index))
+    table.columns.name = columns   # so that a value named like an index level reads axis=value
     return table
 
 

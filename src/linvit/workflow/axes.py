@@ -137,6 +137,8 @@ def _values(where: str, spec: dict) -> tuple[list[str], list[tuple]]:
     values, field = spec["values"], spec.get("field")
     if field is not None and isinstance(values, list):
         return [label_of(where, v) for v in values], [((field, v),) for v in values]
+    if isinstance(values, dict):
+        _check_label_keys(where, values)
     if field is not None:
         return [str(k) for k in values], [((field, v),) for v in values.values()]
     if not isinstance(values, dict) or not all(isinstance(v, dict) and v
@@ -144,6 +146,14 @@ def _values(where: str, spec: dict) -> tuple[list[str], list[tuple]]:
         raise ConfigError(f"{where}: without `field`, values must map each label to the fields "
                           "it sets, e.g. {short: {optim.epochs: 1}}")
     return [str(k) for k in values], [tuple(v.items()) for v in values.values()]
+
+
+def _check_label_keys(where: str, values: dict) -> None:
+    # YAML 1.1 reads an unquoted off/on/no/yes as a boolean: the label would name folders "False"
+    for key in values:
+        if isinstance(key, bool):
+            raise ConfigError(f"{where}.values: the label {key!r} is a boolean (YAML reads an "
+                              "unquoted off, on, no, yes as one); quote it, e.g. 'off': 0")
 
 
 def label_of(where: str, value) -> str:
