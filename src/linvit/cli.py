@@ -50,8 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, stage in STAGES.items():
         p = sub.add_parser(name, help=stage.help, description=stage.help)
-        p.add_argument("-c", "--config", help="YAML config (fields as in linvit.config)")
-        p.add_argument("-o", "--out", required=True, help="output folder of this run")
+        p.add_argument("-c", "--config", help="YAML config (`--print-config` lists its fields)")
+        p.add_argument("-o", "--out", help="output folder of this run (required to run)")
+        p.add_argument("--print-config", action="store_true",
+                       help="print the stage's whole config as YAML that -c accepts, each field "
+                            "with a one-line description (its defaults; with -c or field=value "
+                            "words, the config they make) and exit")
         p.add_argument("--rerun", action="store_true",
                        help="run even if the folder holds a finished run (it is replaced); an "
                             "unfinished run of the same config resumes (for workflows)")
@@ -171,12 +175,17 @@ def with_positional(stage: str, overrides: list[str]) -> list[str]:
 
 def run_command(args) -> int:
     from linvit.config import load_config
+    from linvit.errors import ConfigError
     from linvit.io import dumps
     from linvit.runs.rundir import check_output_path
 
     if args.command == "list":
         _resolve("linvit.registries:print_registries")()
         return 0
+    if getattr(args, "print_config", False):
+        return _print_config(args)
+    if args.out is None:
+        raise ConfigError(f"-o/--out: the output folder of this {args.command} run is required")
     check_output_path(args.out)
     if args.command == "demo":
         _resolve("linvit.demo:run_demo")(args.out, args.operator, args.overrides)
@@ -187,6 +196,18 @@ def run_command(args) -> int:
     metrics = _resolve(STAGES[args.command].entry)(cfg, args.out, replace=args.rerun)
     brief = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
     print(dumps(brief, indent=1))
+    return 0
+
+
+def _print_config(args) -> int:
+    from linvit.config import load_config
+    from linvit.config_docs import print_config
+
+    cls = stage_config(args.command)
+    given = args.config is not None or args.overrides
+    instance = load_config(cls, args.config, with_positional(args.command, args.overrides),
+                           args.command) if given else None
+    print(print_config(args.command, cls, instance), end="")
     return 0
 
 

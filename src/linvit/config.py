@@ -83,11 +83,12 @@ def check_spec(p: str, spec) -> None:
 
 @dataclass
 class ModelCfg:
+    """The model: its size, attention operator and operator options, and stochastic depth."""
     size: str | None = "cpu96"      # None in distill/finetune: the teacher's size
-    operator: str = "softmax"
+    operator: str = "softmax"       # the attention (`linvit list`): softmax, linear, focused, ...
     # typed like the operator's declared defaults (int, float, bool): see check_options
     operator_options: dict[str, Any] = field(default_factory=dict)
-    drop_path: float = 0.0
+    drop_path: float = 0.0          # stochastic depth, linear from 0 to this at the last block
 
     def validate(self, p: str) -> None:
         if self.size is not None:
@@ -102,19 +103,21 @@ class ModelCfg:
 
 @dataclass
 class DataCfg:
-    dataset: str = "fashion_mnist"
+    """The image dataset: where it is read from, its splits and subsets, batch sizes."""
+    dataset: str = "fashion_mnist"    # fashion_mnist, mnist5k, cifar10, cifar100 or imagefolder
+    # the dataset's folder (None: fashion_mnist reads Debian's package; mnist5k takes none)
     root: str | None = None
     img_size: int | None = None       # folder datasets only
     train_subset: int | None = None   # a fixed random subset (the same for every run)
-    test_subset: int | None = None
+    test_subset: int | None = None    # a fixed random subset of the scored split; None: all
     batch_size: int = 128             # global, over all processes
-    eval_batch_size: int = 500
+    eval_batch_size: int = 500        # evaluation's; global, over all processes
     workers: int = 4                  # folder datasets only
-    # a validation split carved from the training split: val_size images drawn by val_seed (the
-    # same for every run that asks for them), never trained on; `evaluate_on: val` scores them
-    # instead of the test split (choosing settings on validation; the test gives final numbers)
+    # images held out of the training split as a validation set, never trained on (None: none)
     val_size: int | None = None
-    val_seed: int = 0
+    val_seed: int = 0                 # draws the held-out images (same seed and size: same set)
+    # the split a run is scored on: test, or val (the val_size held-out images); settings are
+    # chosen on val, the test split gives the final numbers
     evaluate_on: Literal["test", "val"] = "test"
 
     def validate(self, p: str) -> None:
@@ -143,16 +146,17 @@ def check_model(model: ModelCfg, data: DataCfg) -> None:
 
 @dataclass
 class OptimCfg:
+    """The optimizer and its learning-rate schedule (timm's; the rate changes every update)."""
     opt: str = "adamw"                # any timm optimizer name
-    lr: float = 1e-3
-    weight_decay: float = 0.05
-    epochs: int = 10
-    warmup_epochs: int = 1
+    lr: float = 1e-3                  # the peak learning rate, after warm-up (not batch-scaled)
+    weight_decay: float = 0.05        # biases, norms and no_weight_decay() tensors get none
+    epochs: int = 10                  # passes over the training split
+    warmup_epochs: int = 1            # linear warm-up from warmup_lr to lr; 0: none
     sched: str = "cosine"             # any timm scheduler name
-    min_lr: float = 1e-5
-    warmup_lr: float = 1e-6
-    label_smoothing: float = 0.1
-    clip_grad: float | None = None
+    min_lr: float = 1e-5              # the schedule's floor (where cosine ends)
+    warmup_lr: float = 1e-6           # the learning rate warm-up starts from
+    label_smoothing: float = 0.1      # of the classification targets (Mixup's mixed ones too)
+    clip_grad: float | None = None    # clip the gradients' total norm to this; None: no clipping
     layer_decay: float | None = None  # layer-wise lr decay (fine-tuning; timm's groups)
     ema_decay: float | None = None    # a model EMA (timm's ModelEmaV3), evaluated and saved
 
@@ -185,22 +189,34 @@ COMMON_OPTIMIZERS = ("adamw", "adam", "sgd", "momentum", "lamb", "lion")
 
 @dataclass
 class RunCfg:
-    seed: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """How the run executes: seed, device, precision, threads, evaluation, compile, loggers."""
+    seed: int = 0                     # weight init, data order, augmentation draws
+    device: Literal["auto", "cpu", "cuda"] = "auto"   # auto: CUDA where torch sees it, else CPU
     # the precision of training and evaluation: auto (bf16 autocast where it is faster: CUDA with
     # native bf16, CPUs with AVX512-BF16 and no AMX; runs.runtime.bf16_pays), bf16 (autocast on
     # any device) or float32. Not true/false: `true` meant float32 on CPUs before auto existed.
     amp: Literal["auto", "bf16", "float32"] = "auto"
     # CPU threads of the job on this node, shared by its processes (--nproc) (None: torch's default)
     threads: int | None = None
-    progress: bool = True
+    progress: bool = True             # tqdm progress bars (main process only)
     eval_every: int = 1               # evaluate on the test split every k epochs (0: at the end)
     # torch.compile the training step's model and loss with this backend (None: eager), as timm's
     # --torchcompile does: "inductor" (torch's default), "aot_eager", ... (checked by the job)
     compile: str | None = None
+    # live curves while the run trains (linvit.runs.loggers): tensorboard (event files in the run
+    # folder's tensorboard/), wandb, mlflow (offline, in the run folder, unless their own
+    # environment variables say otherwise); [] for none
+    loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
 
     def validate(self, p: str) -> None:
+        from linvit.runs.loggers import LOGGERS
+
         in_range(f"{p}.seed", self.seed, 0, MAX_SEED)
+        for name in self.loggers:
+            one_of(f"{p}.loggers", name, LOGGERS)
+            LOGGERS[name].check(f"{p}.loggers")
+        if len(set(self.loggers)) < len(self.loggers):
+            raise ConfigError(f"{p}.loggers: a logger named twice in {self.loggers}")
         positive(f"{p}.threads", self.threads)
         positive(f"{p}.eval_every", self.eval_every, allow_zero=True)
         # device=cuda without CUDA is refused where the job runs (setup_runtime), not here: the

@@ -17,12 +17,16 @@ class Stage(NamedTuple):
     positional: str | None = None  # the config field a first argument without "=" sets
 
 
+# The folders run.loggers write a training run's live curves to (linvit.runs.loggers: a test holds
+# the two lists together): the run's own, replaced with it.
+CURVES = ("tensorboard", "wandb", "mlruns")
+
 STAGES = {
     "pretrain": Stage(
         "train a model from scratch (the softmax teacher, or any operator)",
         "linvit.train.stages:run_pretrain", "linvit.train.config:PretrainConfig",
         outputs=("model.safetensors", "train.jsonl"),
-        scratch=("checkpoint.safetensors",),
+        scratch=("checkpoint.safetensors", *CURVES),
         optional=("model_ema.safetensors",)
     ),
     "import-teacher": Stage(
@@ -34,7 +38,7 @@ STAGES = {
         "layer-wise attention distillation from a softmax teacher",
         "linvit.transfer.stages:run_distill", "linvit.transfer.config:DistillConfig",
         outputs=("model.safetensors", "train.jsonl", "student_init.json", "trained.json"),
-        scratch=("checkpoint.safetensors", "init_metrics.json", "init_quality.json"),
+        scratch=("checkpoint.safetensors", "init_metrics.json", "init_quality.json", *CURVES),
         optional=("model_ema.safetensors",)
     ),
     "init": Stage(
@@ -47,7 +51,7 @@ STAGES = {
         "initialise a student with an init strategy, then fine-tune it",
         "linvit.transfer.stages:run_finetune", "linvit.transfer.config:FinetuneConfig",
         outputs=("model.safetensors", "train.jsonl", "copied.json"),
-        scratch=("checkpoint.safetensors", "init_metrics.json"),
+        scratch=("checkpoint.safetensors", "init_metrics.json", *CURVES),
         optional=("model_ema.safetensors",)
     ),
     "probe": Stage(
@@ -55,7 +59,7 @@ STAGES = {
         "fine-tune",
         "linvit.train.stages:run_probe", "linvit.train.config:ProbeConfig",
         outputs=("model.safetensors", "train.jsonl"),
-        scratch=("checkpoint.safetensors",),
+        scratch=("checkpoint.safetensors", *CURVES),
         optional=("model_ema.safetensors",)
     ),
     "select": Stage(

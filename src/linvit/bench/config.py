@@ -13,10 +13,12 @@ from linvit.runs.runtime import check_compile_backend
 
 @dataclass
 class BenchModelsCfg:
-    sizes: list[str] = field(default_factory=lambda: ["deit_t", "deit_s"])
+    """Whole-model inference throughput against image resolution (random weights, forward)."""
+    sizes: list[str] = field(default_factory=lambda: ["deit_t", "deit_s"])   # `linvit list`
+    # image sides in px, each a multiple of every size's patch size
     resolutions: list[int] = field(default_factory=lambda: [224, 384, 512, 768, 1024])
-    operators: list[str] = field(default_factory=lambda: list(OPERATORS))
-    batch: int = 1
+    operators: list[str] = field(default_factory=lambda: list(OPERATORS))   # in every model
+    batch: int = 1                     # images per forward pass
     min_run_time: float = 0.5          # seconds of timed calls per point
 
     def validate(self, p: str) -> None:
@@ -37,13 +39,16 @@ class BenchModelsCfg:
 class BenchConfig:
     """`linvit bench`: operator scaling against tokens, model throughput against resolution.
     run.device picks the device, run.threads the CPU threads; run.amp is not used (float32)."""
+    # the operators timed; softmax is required (every ratio is against it)
     operators: list[str] = field(default_factory=lambda: list(OPERATORS))
+    # the sequence lengths N timed, each a square (a patch grid)
     tokens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
     softmax_max_tokens: int = 4096     # SDPA's time grows as N^2
+    # the PyTorch reference backend's longest N (an operator may set a lower cap of its own)
     reference_max_tokens: int = 16384
-    batch: int = 1
-    heads: int = 6
-    head_dim: int = 64
+    batch: int = 1                     # sequences per timed call
+    heads: int = 6                     # attention heads: the operator's width is heads x head_dim
+    head_dim: int = 64                 # channels per head
     min_run_time: float = 1.0          # seconds of timed calls per point and repeat
     repeats: int = 3                   # interleaved passes over every point; ratios are medians
     tf32: bool = False                 # CUDA: let float32 matmuls (torch's and Triton's) use TF32

@@ -19,11 +19,13 @@ class ScenesConfig(SceneSpec):
 
 @dataclass
 class DenseDataCfg:
+    """The dense data: embedded scenes or a real ADE20K / COCO folder, and its loading."""
+    # scenes (`linvit make-scenes`, either task), ade20k (segment only) or coco (detect only)
     kind: Literal["scenes", "ade20k", "coco"] = "scenes"
     root: str | None = None           # scenes folder (make-scenes), or ADE20K / COCO root
     img_size: int = 64                # images are resized to img_size x img_size
-    batch_size: int = 4
-    workers: int = 0
+    batch_size: int = 4               # training images per iteration (validation takes 1)
+    workers: int = 0                  # data-loading worker processes (0: in the main process)
 
     def validate(self, p: str) -> None:
         # that the folder exists is checked where the job runs (linvit.dense.stages), as for
@@ -67,10 +69,11 @@ class AdapterCfg:
 
 @dataclass
 class DenseModelCfg:
+    """The dense model around the ViT: its neck, the heads' width, whether the ViT trains."""
     head_channels: int = 64           # width of the UPerHead / FPN / RoI heads
     # the multi-scale maps from the ViT: ViTDet's simple feature pyramid, or ViT-Adapter
     neck: Literal["simple", "adapter"] = "simple"
-    adapter: AdapterCfg = field(default_factory=AdapterCfg)
+    adapter: AdapterCfg = field(default_factory=AdapterCfg)   # read with neck: adapter only
     # the checkpoint's ViT fixed (weights, and eval mode: no drop path) while neck and heads
     # train: a cheaper schedule; with the simple neck, a score of the features themselves (the
     # adapter's injections still change what the fixed blocks see)
@@ -82,9 +85,10 @@ class DenseModelCfg:
 
 @dataclass
 class DenseOptimCfg:
-    lr: float = 2.0e-4
-    weight_decay: float = 0.05
-    iters: int = 300
+    """mmengine's AdamW schedule: linear warm-up over the first tenth of iters, then cosine."""
+    lr: float = 2.0e-4                # the peak; warm-up starts at lr / 10, cosine ends at lr / 100
+    weight_decay: float = 0.05        # none on norms, biases, embeddings and the adapter's gates
+    iters: int = 300                  # training iterations (batches); validation once at the end
     checkpoint_every: int = 100       # iterations between mmengine checkpoints (resume points)
 
     def validate(self, p: str) -> None:

@@ -43,13 +43,14 @@ class SceneSpec:
     """The scene settings: the one definition of their fields, defaults and ranges. The set is
     a pure function of them (and the sprites); `linvit make-scenes` takes them as its config
     (linvit.dense.config.ScenesConfig) and MANIFEST.json records them."""
-    size: int = 64
-    train: int = 800
-    val: int = 200
-    max_objects: int = 4
+    size: int = 64             # scene side in px (scenes are square)
+    train: int = 800           # training scenes (of training-split sprites)
+    val: int = 200             # validation scenes (of test-split sprites; hashed in MANIFEST.json)
+    max_objects: int = 4       # objects per scene: drawn from 1..max_objects
     min_scale: float = 0.35    # sprite side / scene side
-    max_scale: float = 0.75
-    seed: int = 0
+    max_scale: float = 0.75    # the largest sprite side / scene side (min_scale: the smallest)
+    seed: int = 0              # draws the training scenes; the validation scenes use seed + 1
+    # textured (three "stuff" classes of procedural texture) or black (one background class)
     background: Literal["textured", "black"] = "textured"
 
     def validate(self, p: str = "") -> None:

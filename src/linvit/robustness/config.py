@@ -21,8 +21,10 @@ from linvit.robustness.shifts import SHIFTS
 
 @dataclass
 class CorruptionsCfg:
+    """The corrupted copies: which corruptions, at which severities, of how many test images."""
+    # imagecorruptions' names (`linvit list`; default: ImageNet-C's 15, not its 4 extra ones)
     names: list[str] = field(default_factory=lambda: list(COMMON))
-    severities: list[int] = field(default_factory=lambda: list(SEVERITIES))
+    severities: list[int] = field(default_factory=lambda: list(SEVERITIES))   # each of 1..5
     samples: int | None = 1000        # a fixed random subset of the test split; None: all of it
     seed: int = 0                     # of the corruptions' random draws
 
@@ -41,14 +43,14 @@ class CorruptionsCfg:
 
 @dataclass
 class CorruptConfig:
-    data: DataCfg = field(default_factory=DataCfg)
+    data: DataCfg = field(default_factory=DataCfg)    # the dataset whose test split is corrupted
     corruptions: CorruptionsCfg = field(default_factory=CorruptionsCfg)
     run: RunCfg = field(default_factory=RunCfg)       # threads; the draws use corruptions.seed
 
 
 @dataclass
 class RobustnessConfig:
-    checkpoint: str | None = None
+    checkpoint: str | None = None     # the linvit model.safetensors to score
     data: DataCfg = field(default_factory=DataCfg)    # the clean test split
     corrupted: str | None = None      # a `linvit corrupt` run's corrupted.safetensors, or none
     shifts: dict[str, str] = field(default_factory=dict)   # shift set -> its folder

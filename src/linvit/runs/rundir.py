@@ -43,7 +43,7 @@ MARKER = ".linvit-run"
 # files are in its entry of linvit.stages.STAGES.
 COMMON = ("config.yaml", "run.log", "metrics.json")
 # Fields that do not change results, so a rerun may differ in them.
-VOLATILE = {("run", "progress"), ("run", "threads"), ("data", "workers")}
+VOLATILE = {("run", "progress"), ("run", "threads"), ("data", "workers"), ("run", "loggers")}
 
 log = logging.getLogger("linvit")
 

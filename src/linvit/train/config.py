@@ -38,8 +38,8 @@ class PretrainConfig:
 
 @dataclass
 class EvaluateConfig:
-    checkpoint: str | None = None
-    data: DataCfg = field(default_factory=DataCfg)
+    checkpoint: str | None = None     # the linvit model.safetensors to score
+    data: DataCfg = field(default_factory=DataCfg)    # scored on its test split (or val)
     run: RunCfg = field(default_factory=RunCfg)
 
     def validate(self, p: str) -> None:
@@ -73,6 +73,8 @@ class ImportConfig:
     timm_name: str | None = None      # timm's loader only: a model tag (default: the size's)
     reset_head: bool = False          # a new head where the checkpoint's does not fit or is none
     headless: bool = False            # no classifier at all (a self-supervised backbone)
+    # the dataset the teacher is for: its classes size the head (unless headless), its image
+    # size the model's input (no image is read)
     data: DataCfg = field(default_factory=lambda: DataCfg(dataset="imagefolder"))
     run: RunCfg = field(default_factory=RunCfg)      # the workflow sets run.threads on every job
 

@@ -20,9 +20,10 @@ from linvit.trees import non_finite
 
 def train_one_epoch(module: nn.Module, loader, optimizer, scheduler, epoch: int, rt: Runtime, *,
                     params: list[nn.Parameter], clip_grad: float | None = None,
-                    on_backward=None, batch_aug=None, after_step=None) -> dict:
+                    on_backward=None, batch_aug=None, after_step=None, on_step=None) -> dict:
     """`batch_aug`: (images, labels) -> (images, targets) on the device (linvit.train.recipe:
-    random erasing, Mixup/CutMix); `after_step(updates)` after each optimizer step (the EMA)."""
+    random erasing, Mixup/CutMix); `after_step(updates)` after each optimizer step (the EMA);
+    `on_step(updates, loss, lr)` then too (the live curves; the loss a tensor, not synced)."""
     module.train()
     sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=rt.device))
     count = torch.zeros((), device=rt.device)
@@ -46,6 +47,8 @@ def train_one_epoch(module: nn.Module, loader, optimizer, scheduler, epoch: int,
         scheduler.step_update(num_updates=epoch * steps + step + 1)
         if after_step is not None:
             after_step(epoch * steps + step + 1)
+        if on_step is not None:
+            on_step(epoch * steps + step + 1, loss, optimizer.param_groups[0]["lr"])
         n = images.shape[0]
         count += n
         sums["loss"] += loss.detach().float() * n

@@ -26,14 +26,17 @@ ERASE_MODES = ("const", "rand", "pixel")
 
 @dataclass
 class AugCfg:
+    """DeiT's augmentation recipe from timm's parts; every part off unless set."""
     auto_augment: str | None = None   # timm policy string; folder datasets only
     mixup: float = 0.0                # Mixup alpha; 0: off
     cutmix: float = 0.0               # CutMix alpha; 0: off
     mix_prob: float = 1.0             # probability that a batch is mixed
     switch_prob: float = 0.5          # of CutMix rather than Mixup, when both are on
     reprob: float = 0.0               # random erasing probability; 0: off
+    # what random erasing fills a box with: const (zeros), rand (one random colour per box) or
+    # pixel (random normal values per pixel)
     remode: str = "pixel"
-    recount: int = 1
+    recount: int = 1                  # at most this many erased boxes per image (drawn 1..recount)
     repeats: int = 1                  # repeated augmentation (DeiT: 3); 1: off
 
     def validate(self, p: str) -> None:

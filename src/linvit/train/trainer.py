@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from linvit.errors import RunFailed
+from linvit.runs.loggers import open_loggers
 from linvit.runs.rundir import RunDir
 from linvit.runs.runtime import Runtime, epoch_seed
 from linvit.runs.state import load_state, save_state, started_precision
@@ -69,6 +70,23 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
             find_unused_parameters=find_unused)
     if rt.compile:       # the model and loss; checkpoints keep the plain module's tensor names
         module = torch.compile(module, backend=rt.compile)
+    steps = len(train_loader)
+    curves = open_loggers(run.config.get("run", {}).get("loggers", []), run.path, run.config,
+                          start * steps, rt.is_main)
+    try:
+        _epochs(module, model, train_loader, optimizer, scheduler, params, optim_cfg, run, rt,
+                start, history, identity, curves, evaluate_fn=evaluate_fn, eval_every=eval_every,
+                on_backward=on_backward, batch_aug=batch_aug, ema=ema,
+                evaluate_ema=evaluate_ema, before_epoch=before_epoch)
+    finally:
+        curves.close()
+    return history
+
+
+def _epochs(module, model, train_loader, optimizer, scheduler, params, optim_cfg, run, rt, start,
+            history, identity, curves, *, evaluate_fn, eval_every, on_backward, batch_aug, ema,
+            evaluate_ema, before_epoch) -> None:
+    """fit's epochs from `start`: each trained, evaluated on schedule, logged, checkpointed."""
     for epoch in range(start, optim_cfg.epochs):
         seed_epoch(epoch_seed(rt.seed, epoch, rt.rank))
         if before_epoch is not None:
@@ -76,7 +94,8 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
         stats = train_one_epoch(module, train_loader, optimizer, scheduler, epoch, rt,
                                 params=params, clip_grad=optim_cfg.clip_grad,
                                 on_backward=on_backward, batch_aug=batch_aug,
-                                after_step=(lambda n: ema.update(model, step=n)) if ema else None)
+                                after_step=(lambda n: ema.update(model, step=n)) if ema else None,
+                                on_step=curves.step if curves else None)
         last = epoch + 1 == optim_cfg.epochs
         if last or (eval_every and (epoch + 1) % eval_every == 0):
             evaluation = evaluate_fn()
@@ -91,12 +110,12 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
             stats.update({f"test_{k}": v for k, v in evaluation.items()})
         history.append({"epoch": epoch + 1, **stats})
         log.info("epoch %d/%d %s", epoch + 1, optim_cfg.epochs, _brief(history[-1]))
+        curves.epoch(history[-1], (epoch + 1) * len(train_loader))
         if rt.is_main:
             save_state(run.checkpoint, model, optimizer, scheduler, epoch + 1, history, identity,
                        ema)
             run.write_history(history)
         rt.barrier()
-    return history
 
 
 def seed_epoch(seed: int) -> None:

@@ -49,6 +49,9 @@ def check_student(cfg) -> None:
 
 @dataclass
 class DistillCfg:
+    """The distillation: its losses, layers, the groups that learn, an end-to-end phase."""
+    # loss name -> weight (attn_out_mse, attn_map_ce, hidden_mse, logit_kd; `linvit list`), the
+    # per-layer ones teacher-forced; trained on before the e2e phase
     losses: dict[str, float] = field(default_factory=lambda: {"attn_out_mse": 1.0})
     layers: list[int] | None = None   # None: every block
     train: list[str] = field(default_factory=lambda: ["attn"])   # groups that learn
@@ -56,6 +59,7 @@ class DistillCfg:
     temperature: float = 1.0          # logit_kd only
     # RADLADS' second step: the schedule's last e2e_epochs train the same groups end to end
     e2e_epochs: int = 0
+    # loss name -> weight for those last e2e_epochs (the same names as losses)
     e2e_losses: dict[str, float] = field(default_factory=lambda: {"logit_kd": 1.0})
 
     def validate(self, p: str) -> None:
@@ -77,6 +81,9 @@ class DistillCfg:
 
 @dataclass
 class InitCfg:
+    """The student's init: which groups it takes from the teacher or a distilled student."""
+    # a registry strategy (linvit.transfer.strategies; `linvit list`): the groups copied from the
+    # teacher and taken from the distilled student, and its mechanisms; the rest starts new
     strategy: str = "copy_mlp+distill"
     copy: list[str] | None = None         # override the strategy's copied groups
     distilled: list[str] | None = None    # override the strategy's distilled groups
@@ -93,8 +100,9 @@ class InitCfg:
 
 @dataclass
 class KDCfg:
+    """Logit KD from the softmax teacher while fine-tuning (off at weight 0)."""
     weight: float = 0.0               # share of the loss given to logit KD from the teacher
-    temperature: float = 1.0
+    temperature: float = 1.0          # softens both logits (the KL is scaled by T^2)
 
     def validate(self, p: str) -> None:
         if not 0 <= self.weight <= 1:
@@ -104,7 +112,8 @@ class KDCfg:
 
 @dataclass
 class DistillConfig:
-    teacher: str | None = None
+    teacher: str | None = None        # the softmax teacher's model.safetensors
+    # the student: the teacher's shape with this operator (size: None or the teacher's)
     model: ModelCfg = field(default_factory=lambda: ModelCfg(size=None, operator="linear"))
     data: DataCfg = field(default_factory=DataCfg)
     optim: OptimCfg = field(default_factory=lambda: OptimCfg(epochs=1, warmup_epochs=0,
@@ -134,9 +143,12 @@ class DistillConfig:
 
 @dataclass
 class FinetuneConfig:
+    # the softmax teacher's model.safetensors: the student's shape, its copied groups, KD's logits
     teacher: str | None = None
+    # a `linvit distill` run's model.safetensors: the distilled groups (strategies that take them)
     distilled: str | None = None
     init: InitCfg = field(default_factory=InitCfg)
+    # the student: the teacher's shape with this operator (size: None or the teacher's)
     model: ModelCfg = field(default_factory=lambda: ModelCfg(size=None, operator="linear"))
     data: DataCfg = field(default_factory=DataCfg)
     optim: OptimCfg = field(default_factory=OptimCfg)
@@ -163,7 +175,7 @@ class MapsConfig:
     """`linvit attention-maps`: head-mean attention maps of `model` on the teacher's tokens."""
     teacher: str | None = None        # the (softmax) teacher: its attention inputs are the tokens
     model: str | None = None          # whose maps are taken; None: the teacher's own
-    data: DataCfg = field(default_factory=DataCfg)
+    data: DataCfg = field(default_factory=DataCfg)   # the images: the first of its test split
     layers: list[int] = field(default_factory=lambda: [0, -1])   # negative: from the end
     images: int = 2                   # the first test images
     run: RunCfg = field(default_factory=RunCfg)
