@@ -104,7 +104,7 @@ class ModelCfg:
 @dataclass
 class DataCfg:
     """The image dataset: where it is read from, its splits and subsets, batch sizes."""
-    dataset: str = "fashion_mnist"    # fashion_mnist, mnist5k, cifar10, cifar100 or imagefolder
+    dataset: str = "fashion_mnist"    # a registry dataset (`linvit list`)
     # the dataset's folder (None: fashion_mnist reads Debian's package; mnist5k takes none)
     root: str | None = None
     img_size: int | None = None       # folder datasets only

@@ -99,8 +99,6 @@ def default_of(f: dataclasses.Field):
 
 
 def _scalar(value) -> str:
-    if dataclasses.is_dataclass(value):
-        value = dataclasses.asdict(value)
     text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10_000)
     return text.removesuffix("\n...\n").strip()
 

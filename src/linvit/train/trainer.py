@@ -55,6 +55,40 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
     """
     optimizer, scheduler = build_optimizer(model, optim_cfg, len(train_loader))
     params = [p for p in model.parameters() if p.requires_grad]
+    start, history, identity = _resume(run, rt, model, optimizer, scheduler, ema, optim_cfg)
+    module = _wrap(objective, rt, find_unused)
+    steps = len(train_loader)
+    curves = open_loggers(run.config.get("run", {}).get("loggers", []), run.path, run.config,
+                          start * steps, rt.is_main)
+    try:
+        for epoch in range(start, optim_cfg.epochs):
+            seed_epoch(epoch_seed(rt.seed, epoch, rt.rank))
+            if before_epoch is not None:
+                before_epoch(epoch)
+            stats = train_one_epoch(
+                module, train_loader, optimizer, scheduler, epoch, rt, params=params,
+                clip_grad=optim_cfg.clip_grad, on_backward=on_backward, batch_aug=batch_aug,
+                after_step=(lambda n: ema.update(model, step=n)) if ema else None,
+                on_step=curves.step if curves else None)
+            last = epoch + 1 == optim_cfg.epochs
+            if last or (eval_every and (epoch + 1) % eval_every == 0):
+                stats.update(_evaluate(epoch, last, evaluate_fn, ema, evaluate_ema))
+            history.append({"epoch": epoch + 1, **stats})
+            log.info("epoch %d/%d %s", epoch + 1, optim_cfg.epochs, _brief(history[-1]))
+            curves.epoch(history[-1], (epoch + 1) * steps)
+            if rt.is_main:
+                save_state(run.checkpoint, model, optimizer, scheduler, epoch + 1, history,
+                           identity, ema)
+                run.write_history(history)
+            rt.barrier()
+    finally:
+        curves.close()
+    return history
+
+
+def _resume(run: RunDir, rt: Runtime, model, optimizer, scheduler, ema, optim_cfg):
+    """(first epoch, history so far, identity): from the run's checkpoint where it has one,
+    which must be of this config and precision."""
     start, history = 0, []
     resuming = run.checkpoint.is_file()
     if resuming:
@@ -63,6 +97,11 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
     if resuming:
         start, history = load_state(run.checkpoint, model, optimizer, scheduler, identity, ema)
         log.info("resuming %s after epoch %d of %d", run.path, start, optim_cfg.epochs)
+    return start, history, identity
+
+
+def _wrap(objective: nn.Module, rt: Runtime, find_unused: bool) -> nn.Module:
+    """The objective as the training step calls it: under DDP, compiled, as the run asks."""
     module = objective
     if rt.distributed:
         module = DistributedDataParallel(
@@ -70,52 +109,21 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
             find_unused_parameters=find_unused)
     if rt.compile:       # the model and loss; checkpoints keep the plain module's tensor names
         module = torch.compile(module, backend=rt.compile)
-    steps = len(train_loader)
-    curves = open_loggers(run.config.get("run", {}).get("loggers", []), run.path, run.config,
-                          start * steps, rt.is_main)
-    try:
-        _epochs(module, model, train_loader, optimizer, scheduler, params, optim_cfg, run, rt,
-                start, history, identity, curves, evaluate_fn=evaluate_fn, eval_every=eval_every,
-                on_backward=on_backward, batch_aug=batch_aug, ema=ema,
-                evaluate_ema=evaluate_ema, before_epoch=before_epoch)
-    finally:
-        curves.close()
-    return history
+    return module
 
 
-def _epochs(module, model, train_loader, optimizer, scheduler, params, optim_cfg, run, rt, start,
-            history, identity, curves, *, evaluate_fn, eval_every, on_backward, batch_aug, ema,
-            evaluate_ema, before_epoch) -> None:
-    """fit's epochs from `start`: each trained, evaluated on schedule, logged, checkpointed."""
-    for epoch in range(start, optim_cfg.epochs):
-        seed_epoch(epoch_seed(rt.seed, epoch, rt.rank))
-        if before_epoch is not None:
-            before_epoch(epoch)
-        stats = train_one_epoch(module, train_loader, optimizer, scheduler, epoch, rt,
-                                params=params, clip_grad=optim_cfg.clip_grad,
-                                on_backward=on_backward, batch_aug=batch_aug,
-                                after_step=(lambda n: ema.update(model, step=n)) if ema else None,
-                                on_step=curves.step if curves else None)
-        last = epoch + 1 == optim_cfg.epochs
-        if last or (eval_every and (epoch + 1) % eval_every == 0):
-            evaluation = evaluate_fn()
-            if bad := non_finite(evaluation):
-                raise RunFailed(f"non-finite evaluation after epoch {epoch + 1}: {bad}")
-            if ema is not None and evaluate_ema is not None:
-                scored = evaluate_ema(ema.module)
-                evaluation.update({f"ema_{k}": v for k, v in scored.items()
-                                   if k in ("top1", "top5", "loss")})
-            if not last:                      # keep per-epoch lines short
-                evaluation.pop("per_class_acc", None)
-            stats.update({f"test_{k}": v for k, v in evaluation.items()})
-        history.append({"epoch": epoch + 1, **stats})
-        log.info("epoch %d/%d %s", epoch + 1, optim_cfg.epochs, _brief(history[-1]))
-        curves.epoch(history[-1], (epoch + 1) * len(train_loader))
-        if rt.is_main:
-            save_state(run.checkpoint, model, optimizer, scheduler, epoch + 1, history, identity,
-                       ema)
-            run.write_history(history)
-        rt.barrier()
+def _evaluate(epoch: int, last: bool, evaluate_fn, ema, evaluate_ema) -> dict:
+    """The evaluation after `epoch` as test_* keys (the EMA's as test_ema_*)."""
+    evaluation = evaluate_fn()
+    if bad := non_finite(evaluation):
+        raise RunFailed(f"non-finite evaluation after epoch {epoch + 1}: {bad}")
+    if ema is not None and evaluate_ema is not None:
+        scored = evaluate_ema(ema.module)
+        evaluation.update({f"ema_{k}": v for k, v in scored.items()
+                           if k in ("top1", "top5", "loss")})
+    if not last:                      # keep per-epoch lines short
+        evaluation.pop("per_class_acc", None)
+    return {f"test_{k}": v for k, v in evaluation.items()}
 
 
 def seed_epoch(seed: int) -> None:

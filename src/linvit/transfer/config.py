@@ -50,8 +50,8 @@ def check_student(cfg) -> None:
 @dataclass
 class DistillCfg:
     """The distillation: its losses, layers, the groups that learn, an end-to-end phase."""
-    # loss name -> weight (attn_out_mse, attn_map_ce, hidden_mse, logit_kd; `linvit list`), the
-    # per-layer ones teacher-forced; trained on before the e2e phase
+    # loss name -> weight (the registry's losses, `linvit list`), the per-layer ones
+    # teacher-forced; trained on before the e2e phase
     losses: dict[str, float] = field(default_factory=lambda: {"attn_out_mse": 1.0})
     layers: list[int] | None = None   # None: every block
     train: list[str] = field(default_factory=lambda: ["attn"])   # groups that learn

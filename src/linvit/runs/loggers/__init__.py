@@ -98,8 +98,13 @@ class Loggers:
                 self.flush()
 
     def flush(self) -> None:
-        for update, loss, lr in self._steps:
-            self.log({"train/loss": float(loss), "train/lr": lr}, update)
+        if not self._steps:
+            return
+        import torch
+
+        losses = torch.stack([loss for _, loss, _ in self._steps]).tolist()   # one transfer
+        for (update, _, lr), loss in zip(self._steps, losses):
+            self.log({"train/loss": loss, "train/lr": lr}, update)
         self._steps = []
 
     def epoch(self, record: dict, update: int) -> None:
