@@ -11,3 +11,15 @@ except PackageNotFoundError:          # run from a source tree that was never in
 
 register_when_timm_loads()
 
+
+# The Python API (linvit.api, docs/api.md), imported on first use: `import linvit` stays light for
+# the workflow, which imports linvit's config code on every Snakemake start.
+API = ("convert", "distill", "finetune", "evaluate")
+
+
+def __getattr__(name: str):
+    if name in API:
+        from linvit import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'linvit' has no attribute {name!r}")

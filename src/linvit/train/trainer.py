@@ -37,7 +37,7 @@ def build_optimizer(model: nn.Module, cfg, updates_per_epoch: int):
     return optimizer, scheduler
 
 
-def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: RunDir,
+def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: RunDir | None,
         rt: Runtime, *, evaluate_fn: Callable[[], dict], eval_every: int = 1,
         on_backward: Callable[[], None] | None = None, find_unused: bool = False,
         batch_aug: Callable | None = None, ema=None,
@@ -49,17 +49,21 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
     `before_epoch(epoch)` runs before each epoch trains, a resumed one included (a phase
     switch).
 
+    With `run` None (linvit.api: a model in memory) nothing is written: no checkpoint, no
+    history file, no live curves, and nothing to resume from.
     The run's identity (its config without volatile fields, and the training step's precision) is
     stored in each checkpoint and must match on resume, so a checkpoint is never continued under
     another config or in another precision.
     """
     optimizer, scheduler = build_optimizer(model, optim_cfg, len(train_loader))
     params = [p for p in model.parameters() if p.requires_grad]
-    start, history, identity = _resume(run, rt, model, optimizer, scheduler, ema, optim_cfg)
+    start, history, identity = (_resume(run, rt, model, optimizer, scheduler, ema, optim_cfg)
+                                if run is not None else (0, [], None))
     module = _wrap(objective, rt, find_unused)
     steps = len(train_loader)
-    curves = open_loggers(run.config.get("run", {}).get("loggers", []), run.path, run.config,
-                          start * steps, rt.is_main)
+    curves = open_loggers(run.config.get("run", {}).get("loggers", []) if run else [],
+                          run.path if run else ".", run.config if run else {}, start * steps,
+                          rt.is_main)
     try:
         for epoch in range(start, optim_cfg.epochs):
             seed_epoch(epoch_seed(rt.seed, epoch, rt.rank))
@@ -76,7 +80,7 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
             history.append({"epoch": epoch + 1, **stats})
             log.info("epoch %d/%d %s", epoch + 1, optim_cfg.epochs, _brief(history[-1]))
             curves.epoch(history[-1], (epoch + 1) * steps)
-            if rt.is_main:
+            if rt.is_main and run is not None:
                 save_state(run.checkpoint, model, optimizer, scheduler, epoch + 1, history,
                            identity, ema)
                 run.write_history(history)

@@ -23,19 +23,12 @@ from linvit.models.tensor_files import HEAD_KEY
 from linvit.runs.evaluation import evaluate, make_loaders
 from linvit.runs.stage import completed_metrics, start_run
 from linvit.train.common import evaluate_init, finish_training
-from linvit.train.objectives import ClassificationObjective
 from linvit.train.recipe import make_ema, training_loaders
-from linvit.train.trainer import fit
 from linvit.transfer.config import DistillConfig, FinetuneConfig
-from linvit.transfer.distill import (
-    DistillObjective,
-    GradCensus,
-    freeze_except,
-    teacher_forced_errors,
-)
+from linvit.transfer.distill import DistillObjective, teacher_forced_errors
 from linvit.transfer.groups import GROUPS, group_of
 from linvit.transfer.init import apply_init
-from linvit.transfer.kd import LogitKDObjective
+from linvit.transfer.loops import distill_loop, distill_objective, finetune_loop, phase_at
 from linvit.transfer.quality import attention_moved, free_running, scoring
 from linvit.transfer.strategies import InitStrategy
 
@@ -102,9 +95,8 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     record = apply_init(student, distill_student_strategy(cfg.distill.attn_init),
                         files["teacher"].state)
     record["sources"] = {"teacher": cfg.teacher}
-    trainable = freeze_except(student, cfg.distill.train)
-    objective = DistillObjective(student, teacher, cfg.distill.losses, cfg.distill.layers,
-                                 cfg.distill.temperature)
+    objective = distill_objective(student, teacher, cfg.distill)
+    trainable = [n for n, p in student.named_parameters() if p.requires_grad]
     run.open(train_loader.summary)
     if rt.is_main:
         write_json(run.path / "student_init.json", record)
@@ -112,7 +104,6 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
              phase_losses(cfg))
     teacher.to(rt.device)
     student.to(rt.device)
-    census = GradCensus(student)
 
     def evaluate_student() -> dict:
         result = evaluate(student, test_loader, rt, info.num_classes)
@@ -124,13 +115,12 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
                               cfg.run.eval_every > 0 and not run.checkpoint.is_file())
     quality = start_quality(run, rt, objective, cfg, files["teacher"].state, spec, test_loader)
     ema = make_ema(student, cfg.optim)
-    history = fit(objective, student, train_loader, cfg.optim, run, rt,
-                  evaluate_fn=evaluate_student, eval_every=cfg.run.eval_every,
-                  on_backward=census, find_unused=True, batch_aug=batch_aug, ema=ema,
-                  evaluate_ema=lambda m: evaluate(m, test_loader, rt, info.num_classes),
-                  before_epoch=lambda epoch: objective.use(phase_at(cfg, epoch)))
+    history, census = distill_loop(
+        objective, train_loader, cfg.optim, rt, cfg.distill, run=run,
+        evaluate_fn=evaluate_student, eval_every=cfg.run.eval_every, batch_aug=batch_aug,
+        ema=ema, evaluate_ema=lambda m: evaluate(m, test_loader, rt, info.num_classes))
     if rt.is_main:
-        write_json(run.path / "trained.json", census.report())
+        write_json(run.path / "trained.json", census)
     quality["free"] = free_running(student, teacher, test_loader, rt)
     return finish_training(run, rt, student, history,
                            {"init": init_eval, "losses": cfg.distill.losses,
@@ -148,17 +138,11 @@ def phase_losses(cfg: DistillConfig) -> dict[str, dict[str, float]]:
             **({"e2e_losses": d.e2e_losses} if d.e2e_epochs else {})}
 
 
-def phase_at(cfg: DistillConfig, epoch: int) -> dict[str, float]:
-    """The losses epoch `epoch` (0-based) trains on: the last e2e_epochs are end to end."""
-    d = cfg.distill
-    return d.e2e_losses if epoch >= cfg.optim.epochs - d.e2e_epochs else d.losses
-
-
 def distill_flops(objective: DistillObjective, cfg: DistillConfig) -> float:
     """Training FLOPs per image, averaged over the schedule's epochs of both phases."""
     per_epoch = []
     for epoch in range(cfg.optim.epochs):
-        with objective.using(phase_at(cfg, epoch)):
+        with objective.using(phase_at(cfg.distill, cfg.optim.epochs, epoch)):
             per_epoch.append(objective.flops_per_image())
     return sum(per_epoch) / len(per_epoch)
 
@@ -255,18 +239,14 @@ def run_finetune(cfg: FinetuneConfig, out, replace: bool = False) -> dict:
         write_json(run.path / "copied.json", record)
     model.to(rt.device)
     teacher = teacher.to(rt.device) if teacher is not None else None
-    if teacher is None:
-        objective = ClassificationObjective(model, cfg.optim.label_smoothing)
-    else:
-        objective = LogitKDObjective(model, cfg.optim.label_smoothing, teacher, cfg.kd.weight,
-                                     cfg.kd.temperature)
     init_eval = evaluate_init(model, test_loader, rt, run, info.num_classes,
                               cfg.run.eval_every > 0 and not run.checkpoint.is_file())
     score = lambda m: evaluate(m, test_loader, rt, info.num_classes)     # noqa: E731
     ema = make_ema(model, cfg.optim)
-    history = fit(objective, model, train_loader, cfg.optim, run, rt,
-                  evaluate_fn=lambda: score(model), eval_every=cfg.run.eval_every,
-                  batch_aug=batch_aug, ema=ema, evaluate_ema=score)
+    history = finetune_loop(model, train_loader, cfg.optim, rt, teacher=teacher, kd=cfg.kd,
+                            run=run, evaluate_fn=lambda: score(model),
+                            eval_every=cfg.run.eval_every, batch_aug=batch_aug, ema=ema,
+                            evaluate_ema=score)
     moved = moved_from_distilled(model, files, teacher, test_loader, rt)
     return finish_training(run, rt, model, history,
                            {"strategy": record["strategy"], "init": init_eval,
