@@ -3,11 +3,13 @@ in timm's conventions and a model card whose numbers are the run's own."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
+from hub_standin import HubStandIn
 from safetensors.torch import load_file, save_file
 
 from linvit import cli
@@ -109,3 +111,53 @@ def test_an_unfinished_or_changed_run_is_refused_before_anything_is_written(chai
     assert not out.exists()
     assert cli.main(["export", str(tmp_path), "-o", str(out)]) == 2
     assert "holds no finished linvit run" in capsys.readouterr().err
+
+
+def test_push_to_hub_uploads_the_folder_and_timm_loads_it_back_by_hf_hub(chain, tmp_path,
+                                                                          monkeypatch):
+    """Through a local stand-in for the Hub's HTTP API: the pushed files are the export's, byte
+    for byte; timm's `hf-hub:` loader, pointed at the stand-in, rebuilds the same model."""
+    from linvit.export.stage import HF_FILES
+
+    root, _ = chain
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    with HubStandIn() as hub:
+        out = tmp_path / "pushed"
+        assert cli.main(["export", str(root / "cells" / "seed0"), "-o", str(out),
+                         "push_to_hub=lab/linear-vit", f"hub_endpoint={hub.endpoint}"]) == 0
+        pushed = hub.repos["lab/linear-vit"]
+        assert sorted(pushed) == sorted(HF_FILES)
+        assert all(pushed[name] == (out / name).read_bytes() for name in HF_FILES)
+        hub_record = read_json(out / "metrics.json")["hub"]
+        assert hub_record["commit"] == hub.commits["lab/linear-vit"]
+        assert "hf-hub:lab/linear-vit" in (out / "README.md").read_text()
+        torch.manual_seed(0)
+        x = torch.randn(2, 1, 28, 28)
+        save_file({"x": x}, tmp_path / "x.safetensors")
+        script = (
+            "import torch, linvit, timm\n"
+            "from safetensors.torch import load_file, save_file\n"
+            "model = timm.create_model('hf-hub:lab/linear-vit', pretrained=True).eval()\n"
+            f"x = load_file('{tmp_path}/x.safetensors')['x']\n"
+            "with torch.no_grad():\n"
+            f"    save_file({{'y': model(x)}}, '{tmp_path}/y.safetensors')\n")
+        env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_CACHE": str(tmp_path / "hf"),
+               "HF_HUB_DISABLE_TELEMETRY": "1"}
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             env=env, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+    with torch.no_grad():
+        want = load_model(root / "cells" / "seed0" / "model.safetensors").eval()(x)
+    assert torch.allclose(load_file(tmp_path / "y.safetensors")["y"], want, atol=1e-6)
+
+
+def test_a_refused_push_fails_the_export_and_leaves_no_result(chain, tmp_path, monkeypatch):
+    root, _ = chain
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    with HubStandIn() as hub:
+        hub.refuse_commits = True
+        out = tmp_path / "refused"
+        assert cli.main(["export", str(root / "cells" / "seed0"), "-o", str(out),
+                         "push_to_hub=lab/linear-vit", f"hub_endpoint={hub.endpoint}"]) != 0
+    assert hub.repos.get("lab/linear-vit", {}) == {}
+    assert not (out / "metrics.json").exists()
