@@ -38,6 +38,7 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/dense.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/robustness.smk"
+include: "workflow/rules/export.smk"
 
 
 # The executor and its settings are known only once the run starts (not while this file is

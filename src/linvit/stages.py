@@ -91,12 +91,12 @@ STAGES = {
     "segment": Stage(
         "UperNet semantic segmentation (mmseg) on a linvit backbone",
         "linvit.dense.stages:run_segment", "linvit.dense.config:DenseConfig",
-        scratch=("work",)
+        scratch=("work", *CURVES)
     ),
     "detect": Stage(
         "Mask R-CNN instance segmentation (mmdet) on a linvit backbone",
         "linvit.dense.stages:run_detect", "linvit.dense.config:DenseConfig",
-        scratch=("work",)
+        scratch=("work", *CURVES)
     ),
     "attention-maps": Stage(
         "head-mean attention maps of a model on its softmax teacher's tokens, stored for the "

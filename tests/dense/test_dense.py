@@ -471,3 +471,39 @@ def test_dense_gaps_pair_each_strategy_with_the_random_student_seed_by_seed(tmp_
     write_dense(alone, grid, tmp_path / "t2", tmp_path / "f2", tmp_path / "d2.md")
     assert GAP_CAPTION not in (tmp_path / "d2.md").read_text()
     assert (tmp_path / "t2" / "dense_gaps.md").is_file()
+
+
+@pytest.mark.parametrize("name", sorted(__import__("linvit.runs.loggers",
+                                                   fromlist=["LOGGERS"]).LOGGERS))
+def test_every_logger_has_an_mmengine_backend_writing_into_its_own_folder(name, tmp_path):
+    """The dense stages' live curves: each run.loggers name maps to one of mmengine's visualizer
+    backends, whose save_dir is the folder the training stages' logger of that name uses."""
+    import mmengine.visualization  # noqa: F401 (registers its backends)
+    from mmengine.registry import VISBACKENDS
+
+    from linvit.dense.configs import vis_backends
+    from linvit.runs.loggers import LOGGERS
+
+    (backend,) = vis_backends([name], tmp_path)
+    assert backend["save_dir"] == str(tmp_path / LOGGERS[name].folder)
+    assert VISBACKENDS.get(backend["type"]) is not None
+
+
+@pytest.mark.slow
+def test_a_dense_run_writes_its_loss_lr_and_metrics_as_tensorboard_events(scenes, backbone_ckpt,
+                                                                          tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from linvit.dense.stages import run_dense
+
+    cfg = dense_cfg("segment", scenes, backbone_ckpt, tmp_path, "optim.iters=4",
+                    "run.loggers=[tensorboard]")
+    metrics = run_dense("segment", cfg, tmp_path / "run")
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"loss", "lr"} <= tags, tags
+    scored = [e.value for e in events.Scalars("mIoU")]          # as mmengine's logger hook
+    assert scored and scored == pytest.approx([metrics["raw"]["mIoU"]] * len(scored), abs=1e-4)
+    assert [e.step for e in events.Scalars("loss")] == list(range(1, 5))

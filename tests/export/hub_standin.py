@@ -2,10 +2,10 @@
 use, so that `linvit export push_to_hub=...` and timm's `hf-hub:` loader run in tests without the
 network. It keeps each repository's files in memory, as the last commit left them.
 
-Served: repository creation, the model card's metadata check, the pre-upload check (every file answered "regular", so contents come
-base64 in the commit instead of through LFS), the NDJSON commit, and `resolve` (HEAD and GET) for
-downloads. Anything else is answered 404 and listed in `unhandled`, so a test sees what a new
-huggingface_hub asks for.
+Served: repository creation, the model card's metadata check, the pre-upload check (every file
+answered "regular", so contents come base64 in the commit instead of through LFS), the NDJSON
+commit, and `resolve` (HEAD and GET) for downloads. Anything else is answered 404 and listed in
+`unhandled`, so a test sees what a new huggingface_hub asks for.
 """
 from __future__ import annotations
 

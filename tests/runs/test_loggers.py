@@ -62,7 +62,7 @@ def test_no_logger_writes_no_curves(mnist_root, tmp_path):
 
 @pytest.mark.parametrize("name", list(LOGGERS))
 def test_each_loggers_folder_is_the_training_runs_own(name):
-    for stage in ("pretrain", "distill", "finetune", "probe"):
+    for stage in ("pretrain", "distill", "finetune", "probe", "segment", "detect"):
         assert LOGGERS[name].folder in STAGES[stage].scratch, stage
 
 

@@ -147,3 +147,27 @@ def test_a_dataset_overrides_the_grids_stages_for_its_own_jobs():
     assert "data.train_subset=300" in digits and "optim.epochs=1" in digits
     own = config["stages"]["finetune"]["data"]["train_subset"]
     assert f"data.train_subset={own}" in words(config, "cell", **cell)
+
+
+def test_export_jobs_are_exactly_the_chosen_cells_each_reading_its_cell():
+    import pytest
+
+    from linvit.errors import ConfigError
+
+    config = {**default_config(), "export": {"operators": ["gla"],
+                                             "strategies": ["copy_mlp+distill", "copy_all"],
+                                             "seeds": [1]}}
+    jobs = plan(config)
+    exports = jobs.of("export")
+    chosen = {(j.made.operator, j.made.init, j.made.seed) for j in exports}
+    assert chosen == {("gla", "copy_mlp+distill", 1), ("gla", "copy_all", 1)}
+    for job in exports:
+        cell = jobs.find("cell", job.wildcards)
+        assert job.overrides["source"] == cell.run_dir and job.inputs == [cell.output]
+        assert job.folder.replace("/export/", "/cells/", 1) == cell.folder
+    del config["export"]["seeds"]                       # default: every seed of the grid
+    assert len(plan(config).of("export")) == 2 * len(config["seeds"])
+    assert plan(default_config()).of("export") == []    # no section, no export job
+    config["export"]["operators"] = ["gla", "mamba2"]   # not in this grid: said, not skipped
+    with pytest.raises(ConfigError, match="export.operators: 'mamba2' names no cell"):
+        plan(config)

@@ -71,6 +71,7 @@ def tiny_config(results: str, mnist_root: Path) -> dict:
     return {"results": results,
             "datasets": {"synthetic": {"dataset": "fashion_mnist", "root": str(mnist_root)}},
             **TINY,
+            "export": {"operators": ["linear"], "strategies": ["copy_mlp+distill"]},
             "dense": {"tasks": ["segment", "detect"], "operators": ["linear"],
                       "strategies": ["copy_mlp+distill"],
                       "scenes": {"train": 12, "val": 6, "sprites_root": str(mnist_root)},
@@ -81,7 +82,7 @@ def small_config(results: str, mnist_root: Path, **axes) -> dict:
     """The tiny grid with one operator and without its loss grid, dense tasks, robustness and
     benchmark: for tests of one workflow behaviour, which need a few jobs, not every kind."""
     config = tiny_config(results, mnist_root)
-    for key in ("loss_grid", "dense", "robustness", "bench"):
+    for key in ("loss_grid", "dense", "robustness", "bench", "export"):
         del config[key]
     config.update(operators=["linear"], **axes)
     return config
@@ -249,6 +250,27 @@ def test_dense_target_fine_tunes_teacher_and_student_backbones(project):
     assert again.returncode == 0, again.stderr[-3000:]
     report = (project / "results" / "report.md").read_text()
     assert "## Dense tasks" in report and "![dense](figures/dense.png)" in report
+
+
+def test_export_target_makes_timm_folders_of_the_chosen_cells_only(project):
+    import timm
+    import torch
+
+    from linvit.models import load_model
+
+    run = tiny(project, "export")
+    assert run.returncode == 0, run.stderr[-3000:]
+    made = sorted(p.parent for p in (project / "results" / "export").rglob("metrics.json"))
+    cell = "synthetic/pretrain/cpu96/linear/copy_mlp+distill/out/seed0"
+    assert made == [project / "results" / "export" / cell]
+    model = timm.create_model(f"local-dir:{made[0]}", pretrained=True).eval()
+    want = load_model(project / "results" / "cells" / cell / "model.safetensors").eval()
+    x = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.allclose(model(x), want(x), atol=1e-6)
+    assert "copy_mlp+distill" in (made[0] / "README.md").read_text()
+    again = tiny(project, "export")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
 
 def test_a_failing_cell_does_not_poison_the_others(project):

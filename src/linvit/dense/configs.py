@@ -41,6 +41,37 @@ def scene_classes(root: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(manifest["classes"]), tuple(manifest["things"])
 
 
+def vis_backends(loggers: list[str], run_dir: Path) -> list[dict]:
+    """mmengine's visualizer backends for `run.loggers` (linvit.runs.loggers' names), writing
+    where the training stages' loggers do: tensorboard/, wandb/ (offline unless WANDB_MODE says
+    otherwise), mlruns/ (a file store unless MLFLOW_TRACKING_URI names a server), in the run
+    folder. mmengine's LoggerHook sends them the training loss and learning rate every logging
+    interval, and the validation metrics."""
+    import os
+
+    name = run_dir.resolve().name
+    made = {
+        "tensorboard": lambda: dict(type="TensorboardVisBackend",
+                                    save_dir=str(run_dir / "tensorboard")),
+        "wandb": lambda: dict(type="WandbVisBackend", save_dir=str(run_dir / "wandb"),
+                              init_kwargs=dict(mode=os.environ.get("WANDB_MODE", "offline"),
+                                               dir=str(run_dir), name=name)),
+        "mlflow": lambda: dict(type="MLflowVisBackend", save_dir=str(run_dir / "mlruns"),
+                               exp_name=os.environ.get("MLFLOW_EXPERIMENT_NAME", "linvit"),
+                               run_name=name, tracking_uri=_mlflow_uri(run_dir)),
+    }
+    return [made[n]() for n in loggers]
+
+
+def _mlflow_uri(run_dir: Path) -> str:
+    import os
+
+    if uri := os.environ.get("MLFLOW_TRACKING_URI"):
+        return uri
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")   # as linvit.runs.loggers.mlflow
+    return (run_dir / "mlruns").resolve().as_uri()
+
+
 def _common(cfg, work_dir: str, scope: str, evaluator: dict) -> dict:
     it = cfg.optim.iters
     return dict(
@@ -75,6 +106,10 @@ def _common(cfg, work_dir: str, scope: str, evaluator: dict) -> dict:
                             interval=cfg.optim.checkpoint_every, max_keep_ckpts=1),
             sampler_seed=dict(type="DistSamplerSeedHook")),
         log_processor=dict(by_epoch=False),
+        # the run folder holds work/ (mmengine's) and the live curves beside it
+        visualizer=dict(type="Visualizer", vis_backends=[
+            dict(type="LocalVisBackend"),
+            *vis_backends(cfg.run.loggers, Path(work_dir).parent)]),
         log_level="INFO",
         load_from=None,
         resume=True,

@@ -150,9 +150,10 @@ def peak_bytes(cfg, stage: str, student, teacher) -> float:
     return 16.0 * trained + 4.0 * frozen + activation_bytes(student, cfg.data.batch_size)
 
 
-# stages without a cost model (weights imported, scenes drawn, a set corrupted, the benchmark)
+# stages without a cost model (weights imported, scenes drawn, a set corrupted, the benchmark, a
+# model exported: seconds of copying)
 # and the dense tasks (TASKS), whose cost the plan leaves out
-NOT_COSTED = ("import-teacher", "make-scenes", "corrupt", "bench", "choose")
+NOT_COSTED = ("import-teacher", "make-scenes", "corrupt", "bench", "choose", "export")
 
 
 def not_costed(stage: str) -> bool:

@@ -18,6 +18,7 @@ import itertools
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from linvit.errors import ConfigError
 from linvit.transfer.strategies import get_strategy
 from linvit.trees import deep_merge, unflatten, without
 from linvit.workflow import axes as ax
@@ -358,6 +359,35 @@ def grid_document(config: dict, cells: list[Cell]) -> dict:
 
 def bench_overrides(config: dict) -> dict:
     return dict(config.get("bench") or {})
+
+
+# --- export: chosen cells as timm / Hub folders (target `export`) -----------------------------
+def export_section(config: dict) -> dict:
+    """The config's `export` section ({} when absent or null: no export jobs)."""
+    return config.get("export") or {}
+
+
+def export_cells(config: dict, cells: list[Cell]) -> list[Cell]:
+    """The grid's cells of export.operators x export.strategies (main loss), at export.seeds
+    (default: every seed) and export.datasets (default: every dataset); an operator or strategy
+    that names no cell of the grid is refused, so a typo exports nothing silently."""
+    section = export_section(config)
+    wanted = {"operator": section.get("operators") or [], "init": section.get("strategies") or [],
+              "seed": section.get("seeds") or config["seeds"],
+              "dataset": section.get("datasets") or list(config["datasets"])}
+    chosen = [c for c in cells if all(getattr(c, f) in v for f, v in wanted.items())
+              and c.loss in (config["main_loss"], NO_LOSS)]
+    for field, name in (("operator", "operators"), ("init", "strategies")):
+        missing = sorted(set(wanted[field]) - {getattr(c, field) for c in chosen})
+        if missing:
+            raise ConfigError(f"export.{name}: {missing[0]!r} names no cell of this grid at "
+                              "the chosen seeds and datasets")
+    return chosen
+
+
+def export_overrides(config: dict, source: str) -> dict:
+    """`linvit export` fields of a chosen cell: its run folder, then export.stage's."""
+    return {**(export_section(config).get("stage") or {}), "source": source}
 
 
 # --- robustness: corrupted copies made once per dataset, every teacher and cell scored ---------

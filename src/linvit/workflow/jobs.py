@@ -104,6 +104,9 @@ KINDS = {k.name: k for k in (
             benchmark_file=False, run="run"),
     JobKind("scenes", None, "scenes", benchmark_file=False, output="MANIFEST.json"),
     JobKind("dense", "dense", "dense", ("task", *MODELS, "backbone"), ALL_STAGES),
+    # chosen cells as Hub-style folders (`linvit export`; target `export`): the folder is the run
+    JobKind("export", None, "export", CELL, ALL_STAGES, benchmark_file=False,
+            output="metrics.json"),
     # every core of the machine it runs on, counted there (a cluster job reads this file again)
     JobKind("bench", "bench", "bench", benchmark_file=False, run="run",
             threads=os.cpu_count() or 1),

@@ -87,6 +87,8 @@ def plan(config: dict) -> Plan:
         jobs.add_robustness(cells)
     if config.get("dense"):
         jobs.add_dense(dj.dense_runs(config, cells))
+    if g.export_section(config):
+        jobs.add_export(g.export_cells(config, cells))
     if config.get("bench"):
         from linvit.workflow.deps import registry_names
 
@@ -278,6 +280,15 @@ class Jobs:
 
     def of_kind(self, kind: str) -> list[Job]:
         return [j for j in self.made if j.kind.name == kind]
+
+    def add_export(self, cells: list[Cell]):
+        """Each chosen cell's run folder as a Hub-style folder (`linvit export`)."""
+        for c in cells:
+            cell = self.get("cell", c.as_dict())
+            self.add("export", c.as_dict(), "export", c.as_dict(),
+                     g.export_overrides(self.config, cell.run_dir), "export",
+                     ("export", [SOFTMAX, c.operator], [], [self.dataset(c.dataset)]),
+                     [cell.output], {"source": cell.run_dir}, made=c)
 
     def add_dense(self, runs: list[dj.DenseRun]):
         scenes = self.add("scenes", {}, "make-scenes", {}, dj.scenes_overrides(self.config),
