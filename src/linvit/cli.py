@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--rerun", action="store_true",
                        help="run even if the folder holds a finished run (it is replaced); an "
                             "unfinished run of the same config resumes (for workflows)")
+        if name == "export":            # the Hub's own spelling of it (timm's, huggingface_hub's)
+            p.add_argument("--push-to-hub", metavar="ORG/NAME",
+                           help="upload the folder to this Hub repository (push_to_hub=ORG/NAME)")
         extra = (f"; a first argument without '=' sets {stage.positional}"
                  if stage.positional else "")
         p.add_argument("overrides", nargs="*", metavar="field=value",
@@ -153,7 +156,7 @@ def options_first(argv: list[str]) -> list[str]:
         return argv
     options, words, rest = [], [], iter(argv[at + 1:])
     for item in rest:
-        if item in ("-o", "--out", "-c", "--config"):
+        if item in ("-o", "--out", "-c", "--config", "--push-to-hub"):
             options += [item, next(rest, "")]
         elif item.startswith("-"):
             options.append(item)
@@ -190,8 +193,10 @@ def run_command(args) -> int:
     if args.command == "demo":
         _resolve("linvit.demo:run_demo")(args.out, args.operator, args.overrides)
         return 0
-    cfg = load_config(stage_config(args.command), args.config,
-                      with_positional(args.command, args.overrides), args.command)
+    overrides = with_positional(args.command, args.overrides)
+    if getattr(args, "push_to_hub", None):
+        overrides.append(f"push_to_hub={args.push_to_hub}")
+    cfg = load_config(stage_config(args.command), args.config, overrides, args.command)
     _check_device(cfg)
     metrics = _resolve(STAGES[args.command].entry)(cfg, args.out, replace=args.rerun)
     brief = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}

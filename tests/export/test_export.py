@@ -123,8 +123,8 @@ def test_push_to_hub_uploads_the_folder_and_timm_loads_it_back_by_hf_hub(chain, 
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     with HubStandIn() as hub:
         out = tmp_path / "pushed"
-        assert cli.main(["export", str(root / "cells" / "seed0"), "-o", str(out),
-                         "push_to_hub=lab/linear-vit", f"hub_endpoint={hub.endpoint}"]) == 0
+        assert cli.main(["export", str(root / "cells" / "seed0"), "--push-to-hub",
+                         "lab/linear-vit", "-o", str(out), f"hub_endpoint={hub.endpoint}"]) == 0
         pushed = hub.repos["lab/linear-vit"]
         assert sorted(pushed) == sorted(HF_FILES)
         assert all(pushed[name] == (out / name).read_bytes() for name in HF_FILES)
