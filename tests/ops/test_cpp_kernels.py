@@ -53,6 +53,7 @@ def test_the_cpu_default_runs_the_kernel_where_there_is_something_to_fuse(kind, 
 def test_kernel_matches_reference_on_awkward_shapes(monkeypatch, kind, normalize, shape, dv,
                                                     rows):
     monkeypatch.setattr(cpp_kernels, "ROWS", rows)
+    assert cpp_kernels.load(), cpp_kernels.status()      # called directly: nothing else loads it
     qkv, grad = inputs(shape, dv, kind=kind, normalize=normalize, seed=3)
     leaves = [t.clone().requires_grad_() for t in qkv]   # the kernel called directly: the
     out = cpp_kernels.cpp_linear_attention(*leaves, kind, normalize, NORMALISER_EPS)  # dispatch
@@ -68,6 +69,10 @@ def test_kernel_takes_strided_and_half_precision_inputs():
     q, k, v = qkv.unbind(0)
     grad = torch.randn(2, 4, 30, 16)
     assert not q.is_contiguous()
+    for inputs_ in ([q, k, v], [t.bfloat16() for t in (q, k, v)]):   # the kernel, not a fallback
+        with backend("torch"):
+            out = linear_attention(*(t.clone().requires_grad_() for t in inputs_), "elu1", True)
+        assert type(out.grad_fn).__name__ == "CppLinearAttentionBackward", inputs_[0].dtype
     assert_match(run("torch", [q, k, v], grad, "elu1", True),
                  run("reference", [q, k, v], grad, "elu1", True))
     half = [t.bfloat16() for t in (q, k, v)]
@@ -310,3 +315,25 @@ def test_scan_ops_name_bad_input_before_computing(op, case, message):
     kwargs = {"decays": 6, "weights": torch.rand(2, 3, 8)} if case == "weights" else {}
     with pytest.raises(RuntimeError, match=message):
         _scan_call(op, *args, **kwargs)
+
+
+@needs_compiler
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_each_operator_declares_the_kernels_its_cpu_path_runs(name):
+    """An operator's cpp_sources are the .cpp files whose ops its float32 CPU forward and
+    backward call (seen by torch's profiler): what joins its jobs' code stamps."""
+    from linvit.attention import get_operator
+
+    assert cpp_kernels.load(), cpp_kernels.status()
+    torch.manual_seed(0)
+    op = get_operator(name)(48, num_heads=2)
+    op.set_token_layout(1, (10, 10))                       # past InLine's kernel threshold
+    x = torch.randn(2, 101, 48, requires_grad=True)
+    with backend("torch"), torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        op(x).square().sum().backward()
+    called = {e.name.split("::", 1)[1] for e in prof.events()
+              if e.name.startswith("linvit_cpu::")}
+    ran = {cpp.name for cpp in cpp_kernels.CSRC.glob("*.cpp")
+           if cpp_kernels.kernel_ops(cpp.name) & called}
+    assert ran == set(OPERATORS[name].cpp_sources), called

@@ -174,20 +174,39 @@ def test_the_sum_of_both_directions_is_the_double_sum(be, scalar, strict, monkey
     torch.testing.assert_close(got, independent_sum(q, k, v, log_a, scales, strict))
 
 
+def _causal_scan(q, k, v, g, scale):
+    """The inclusive causal scan both fla kernels compute, as a recurrence ([B, T, H, K])."""
+    g = g.unsqueeze(-1) if g.dim() == 3 else g
+    state = q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3])
+    out = []
+    for t in range(q.shape[1]):
+        state = g[:, t].exp().unsqueeze(-1) * state + k[:, t, ..., None] * v[:, t, :, None]
+        out.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+    return torch.stack(out, 1), None
+
+
+# Stand-ins with fla 0.6's signatures and checks (fla/ops/gla/chunk.py, simple_gla/chunk.py):
+# chunk_gla has no head_first (a TypeError), chunk_simple_gla raises on it; both take
+# [B, T, H, ...] tensors, chunk_gla asserting q, k and g of one shape.
+def fake_chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+                   state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None):
+    assert q.shape == k.shape == g.shape, "q, k, g must have the same shape."
+    assert v.shape == (*q.shape[:3], v.shape[-1]), "v must be of shape (batch size, seq len, num of head, head dim)."  # noqa: E501 (fla's words)
+    return _causal_scan(q, k, v, g, q.shape[-1] ** -0.5 if scale is None else scale)
+
+
+def fake_chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
+                          output_final_state=False, state_v_first=False, cu_seqlens=None,
+                          cu_seqlens_cpu=None, **kwargs):
+    if "head_first" in kwargs:
+        raise DeprecationWarning("head_first has been removed. Inputs must be in "
+                                 "`[B, T, H, ...]` format.")
+    assert g.shape == q.shape[:3], "a scalar gate per (batch, token, head): [B, T, H]"
+    return _causal_scan(q, k, v, g, k.shape[-1] ** -0.5 if scale is None else scale)
+
+
 def fake_fla(module):
-    """A causal inclusive scan in fla's layout ([B, T, H, K], gates [B, T, H(, K)]), written as a
-    recurrence, to run the GPU path's stacking, flipping and shifting on the CPU."""
-    def kernel(q, k, v, g=None, scale=None, head_first=None):
-        assert head_first is False                     # our layout is said explicitly
-        assert g.dim() == (3 if module == "simple_gla" else 4) and q.is_contiguous()
-        g = g.unsqueeze(-1) if g.dim() == 3 else g
-        state = q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3])
-        out = []
-        for t in range(q.shape[1]):
-            state = g[:, t].exp().unsqueeze(-1) * state + k[:, t, ..., None] * v[:, t, :, None]
-            out.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], state))
-        return torch.stack(out, 1), None
-    return kernel
+    return {"gla": fake_chunk_gla, "simple_gla": fake_chunk_simple_gla}[module]
 
 
 @pytest.mark.parametrize("scalar, strict", [(False, False), (True, True)])

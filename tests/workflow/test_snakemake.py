@@ -207,6 +207,21 @@ def test_editing_an_operator_reruns_exactly_its_cells(project):
     assert short(project, edit_and_plan(project, "attention/focused.py")) == FOCUSED_JOBS
 
 
+def test_editing_a_cpp_kernel_reruns_exactly_the_jobs_of_the_operators_that_run_it(project):
+    """linear_attention.cpp runs under linear and focused (their cpp_sources): an edit to it
+    reruns what an edit to both operators' own files does, and gated_scan.cpp, which neither
+    runs, reruns nothing."""
+    by_cpp = short(project, edit_and_plan(project, "ops/csrc/linear_attention.cpp",
+                                          "\n// an edit\n"))
+    by_python = {}
+    for rel in ("attention/linear.py", "attention/focused.py"):
+        for rule, outs in short(project, edit_and_plan(project, rel)).items():
+            by_python.setdefault(rule, set()).update(outs)
+    assert by_cpp == by_python and FOCUSED_JOBS["finetune"] <= by_cpp["finetune"]
+    assert short(project, edit_and_plan(project, "ops/csrc/gated_scan.cpp",
+                                        "\n// an edit\n")) == {}
+
+
 def test_editing_a_loss_reruns_exactly_its_distillation_and_cells(project):
     jobs = short(project, edit_and_plan(project, "transfer/losses/attn_map_ce.py"))
     cell = "cells/synthetic/pretrain/cpu96/linear/copy_mlp+distill/map/seed0"

@@ -91,6 +91,10 @@ class AttentionOperator(nn.Module):
     # The reference path is a token-by-token recurrence for some operators: `linvit bench` times
     # it only up to this many tokens (None: the reference scales like the fast path).
     reference_max_tokens: ClassVar[int | None] = None
+    # The C++ kernels (linvit/ops/csrc/*.cpp; their headers follow by #include) its CPU path can
+    # run: they join the code stamps of its jobs, so editing one reruns exactly its cells. A test
+    # runs every operator and checks this against the kernel ops it called.
+    cpp_sources: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Give the options a class declares their defaults as class attributes. Subclasses that

@@ -48,6 +48,7 @@ from linvit.ops.delta_rule import CHUNK, delta_rule, delta_rule_map
 
 class DeltaNetAttention(AttentionOperator):
     name = "deltanet"
+    cpp_sources = ("delta_rule.cpp",)
     family = "delta rule"
     map_kind = "signed"
     options = {"beta_init": 0.25}

@@ -25,6 +25,7 @@ from linvit.ops.linear_attention import (
 
 class FocusedLinearAttention(AttentionOperator):
     name = "focused"
+    cpp_sources = ("linear_attention.cpp",)
     family = "feature map"
     options = {"focusing_factor": 3.0, "kernel_size": 5}
     option_rules = {"kernel_size": ODD_KERNEL}

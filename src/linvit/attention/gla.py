@@ -38,6 +38,7 @@ GATE_BIAS = 4.0            # attention-like at init: a ~ 1 - 1.1e-3 per token
 
 class GatedLinearAttention(AttentionOperator):
     name = "gla"
+    cpp_sources = ("gated_scan.cpp",)
     family = "gated"
     map_kind = "signed"
     options = {"gate_rank": 16}          # ViG's gate_low_rank_dim

@@ -22,6 +22,7 @@ from linvit.ops.linear_attention import (
 
 class HedgehogAttention(AttentionOperator):
     name = "hedgehog"
+    cpp_sources = ("linear_attention.cpp",)
     family = "feature map"
     init_notes = {"fmap_": "W = I, b = 0 (Hedgehog's init): the features start as "
                            "[softmax(x), softmax(-x)] of the copied queries and keys"}

@@ -21,6 +21,7 @@ from linvit.ops.linear_attention import (
 
 class InLineAttention(AttentionOperator):
     name = "inline"
+    cpp_sources = ("linear_attention.cpp",)
     family = "feature map"
     map_kind = "signed"                  # rows sum to 1 but entries can be negative
     options = {"kernel_size": 3}

@@ -12,6 +12,7 @@ from linvit.ops.linear_attention import (
 
 class LinearAttention(AttentionOperator):
     name = "linear"
+    cpp_sources = ("linear_attention.cpp",)
     family = "feature map"
     feature_kind = "elu1"                                          # elu(x) + 1 > 0 everywhere
 

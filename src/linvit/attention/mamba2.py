@@ -52,6 +52,7 @@ A_INIT = 0.25              # decay exp(-A_INIT) over DT_INIT^-1 tokens
 
 class Mamba2Attention(AttentionOperator):
     name = "mamba2"
+    cpp_sources = ("gated_scan.cpp",)
     family = "state space"
     map_kind = "signed"
     reference_max_tokens = 1024          # the reference path is a token-by-token loop

@@ -24,6 +24,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -49,6 +50,28 @@ FEATURE_CODES = {"identity": 0, "elu1": 1, "focused": 2, "hedgehog": 3, "inline"
 _STATE: dict[str, object] = {}     # "ok": bool, "reason": why not
 _FAKES: list[bool] = []
 _OFF = contextvars.ContextVar("linvit_cpp_kernel_off", default=False)      # disabled()
+
+
+def kernel_files(source: str) -> list[Path]:
+    """A kernel's .cpp under csrc/ and every header it includes, transitively (`#include "x"`):
+    what its result depends on, for the code stamps of the jobs that can run it."""
+    todo, seen = [CSRC / source], []
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: a C++ source named by an operator or an #include "
+                                    "is missing")
+        seen.append(path)
+        todo += [CSRC / name for name in re.findall(r'^\s*#include\s+"([^"]+)"',
+                                                    path.read_text(), re.M)]
+    return sorted(seen)
+
+
+def kernel_ops(source: str) -> set[str]:
+    """The torch ops a kernel's .cpp defines (its `m.def("name(...")` lines)."""
+    return set(re.findall(r'm\.def\("(\w+)\(', (CSRC / source).read_text()))
 
 
 def cache_dir() -> Path:

@@ -108,11 +108,13 @@ def _code_facts() -> dict:
     SRC_ROOT (JSON, and valid wherever the checkout is)."""
     key = memo.code_version()
     facts = memo.load(_memo_dir, "code_facts", key) or {}
-    if not all(isinstance(facts.get(part), dict) for part in ("graph", "members")):
+    if not all(isinstance(facts.get(part), dict) for part in ("graph", "members", "kernels")):
         facts = {"graph": {_rel(p): sorted(map(_rel, _imports(p)))
                            for p in sorted(PACKAGE_ROOT.rglob("*.py"))},
                  "members": {kind: {name: _rel(path) for name, path in members.items()}
-                             for kind, members in _imported_registry_members().items()}}
+                             for kind, members in _imported_registry_members().items()},
+                 "kernels": {name: sorted(map(_rel, files))
+                             for name, files in _imported_kernel_files().items()}}
         memo.store(_memo_dir, "code_facts", key, facts)
     return facts
 
@@ -144,6 +146,21 @@ def registry_members() -> dict[str, dict[str, Path]]:
     """kind -> name -> the file that defines that registry entry."""
     return {kind: {name: SRC_ROOT / rel for name, rel in members.items()}
             for kind, members in _code_facts()["members"].items()}
+
+
+def kernel_files() -> dict[str, list[Path]]:
+    """operator -> the C++ sources and headers its CPU path can run (AttentionOperator's
+    cpp_sources, with their #includes)."""
+    return {name: [SRC_ROOT / rel for rel in files]
+            for name, files in _code_facts()["kernels"].items()}
+
+
+def _imported_kernel_files() -> dict[str, list[Path]]:
+    from linvit.attention import OPERATORS
+    from linvit.ops.cpp_kernels import kernel_files as files_of
+
+    return {name: sorted({f.resolve() for cpp in op.cpp_sources for f in files_of(cpp)})
+            for name, op in OPERATORS.items()}
 
 
 def registry_names(kind: str) -> list[str]:
@@ -185,7 +202,8 @@ def _stage_sources(stage: str, operators: tuple, losses: tuple, datasets: tuple)
                 files.discard(path)
     shared = {p for kind, m in registry_members().items() for n, p in m.items()
               if n in selected[kind]}
-    return tuple(sorted(files | shared))
+    kernels = {p for name in operators for p in kernel_files().get(name, ())}
+    return tuple(sorted(files | shared | kernels))
 
 
 def code_stamp(folder: Path, stage: str, operators=(), losses=(), datasets=()) -> Path:

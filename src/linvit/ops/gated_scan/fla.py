@@ -1,8 +1,6 @@
 """The CUDA path: flash-linear-attention's causal chunk kernels, both directions in one call."""
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 
@@ -37,9 +35,9 @@ def fla_scan(q, keys, v, decays, strict: bool) -> torch.Tensor:
     module = "simple_gla" if gs.shape[-1] == 1 else "gla"
     kernel = fla_kernel(module, f"chunk_{module}")
     g = to_fla(gs).squeeze(-1) if module == "simple_gla" else to_fla(gs)   # [B, T, H(, K)]
-    # fla before 0.2 took head-first layouts by default: say ours explicitly where it asks
-    extra = {"head_first": False} if "head_first" in inspect.signature(kernel).parameters else {}
-    out, _ = kernel(to_fla(qs), to_fla(ks), to_fla(vs), g=g, scale=1.0, **extra)
+    # fla >= 0.2.2 takes [B, T, H, ...] only (head_first is gone: chunk_gla has no such
+    # parameter, chunk_simple_gla raises on it)
+    out, _ = kernel(to_fla(qs), to_fla(ks), to_fla(vs), g=g, scale=1.0)
     forward, backward = split_directions(from_fla(out))
     return forward + backward
 
