@@ -141,6 +141,10 @@ def files(tmp_path_factory, mnist_root) -> dict:
     torch.manual_seed(0)
     save_model(create_vit(ModelSpec("cpu96", "softmax", 10, 28, 1)), d / "teacher.safetensors")
     save_model(create_vit(ModelSpec("cpu96", "softmax", 5, 28, 1)), d / "teacher5.safetensors")
+    nan = create_vit(ModelSpec("cpu96", "softmax", 10, 28, 1))
+    with torch.no_grad():
+        nan.blocks[0].mlp.fc1.weight[0, 0] = float("nan")
+    save_model(nan, d / "nan_teacher.safetensors")
     tensors = {"w": torch.zeros(2)}
     save_file(tensors, str(d / "foreign_meta.safetensors"), metadata={"linvit_spec": "{oops"})
     spec = json.dumps({"size": "huge", "operator": "softmax", "num_classes": 10, "img_size": 28,
@@ -199,6 +203,12 @@ CASES = {
     "end-to-end logit KD, other classes": (
         ["distill", "teacher={dir}/teacher5.safetensors", "data.root={mnist}",
          "distill.e2e_epochs=1"], "distill.e2e_losses.logit_kd: the teacher has"),
+    "teacher holding NaN": (["init", "teacher={dir}/nan_teacher.safetensors",
+                             "init.strategy=copy_mlp", "data.root={mnist}"],
+                            "non-finite weights (NaN or inf) in 1 tensor(s): blocks.0.mlp.fc1"),
+    "distilling from a teacher holding NaN": (
+        ["distill", "teacher={dir}/nan_teacher.safetensors", "data.root={mnist}"],
+        "non-finite weights (NaN or inf)"),
     "subset under one batch": (["pretrain", "data.root={mnist}", "data.train_subset=10",
                                 "data.batch_size=64"], "make no batch"),
     "data under one batch": (["pretrain", "data.root={mnist}", "data.batch_size=1024"],

@@ -122,11 +122,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _guarded(command: str, run) -> int:
-    """Exit status 2 and one line for bad input, 1 for a run that failed."""
-    from linvit.errors import LinvitError, RunFailed
+    """Exit status 2 and one line for bad input, 1 for a run that failed, EXIT_PREEMPTED for one
+    stopped by a preemption signal (and requeued under SLURM)."""
+    from linvit.errors import LinvitError, RunFailed, RunPreempted
 
     try:
         return run()
+    except RunPreempted as e:
+        from linvit.runs.preempt import EXIT_PREEMPTED, requeue
+
+        print(f"linvit {command}: preempted: {_one_line(e)}", file=sys.stderr)
+        requeue()
+        return EXIT_PREEMPTED
     except LinvitError as e:
         print(f"linvit {command}: error: {_one_line(e)}", file=sys.stderr)
         return 2

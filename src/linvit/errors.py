@@ -46,3 +46,8 @@ class RunDirError(LinvitError):
 
 class RunFailed(RuntimeError):
     """A run that started but whose result cannot be trusted (e.g. non-finite metrics)."""
+
+
+class RunPreempted(Exception):
+    """A run stopped by a preemption signal after saving a checkpoint to resume from
+    (linvit.runs.preempt): neither finished nor failed."""

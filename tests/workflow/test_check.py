@@ -241,6 +241,10 @@ def test_a_teacher_file_its_import_job_would_refuse_is_refused_by_the_check(tmp_
         check.check_config({**config, "teachers": {**config["teachers"],
                                                    "deit": {**deit, "file": str(broken)}}},
                            str(ROOT / "Snakefile"))
+    evil = {**deit, "layout": "evil"}            # named, before the import reads the file
+    with pytest.raises(ConfigError, match="teachers.deit.layout: 'evil' is not one of: timm"):
+        check.check_config({**config, "teachers": {**config["teachers"], "deit": evil}},
+                           str(ROOT / "Snakefile"))
     state = torch.load(deit["file"])
     next(iter(state["state_dict"].values())).fill_(float("nan"))
     torch.save(state, tmp_path / "nan.pth")

@@ -104,3 +104,16 @@ def test_a_process_without_a_gpu_of_its_own_is_refused(monkeypatch):
     with pytest.raises(ConfigError, match=r"process 2 of this node has no GPU of its own: torch "
                                           r"sees 2 \(CUDA_VISIBLE_DEVICES=0,1\)"):
         check_gpu_share(2, 2)
+
+
+def test_training_jobs_are_signalled_before_their_limit_and_may_be_requeued():
+    """What linvit.runs.preempt needs of SLURM: a signal it handles ahead of the time limit, and
+    a job that `scontrol requeue` may put back (sbatch --requeue), on every training rule."""
+    from linvit.runs.preempt import SIGNALS
+
+    resources = yaml.safe_load(PROFILE.read_text())["set-resources"]
+    for rule in ("teacher", "distill", "finetune"):
+        extra = resources[rule]["slurm_extra"].strip("'").split()
+        signal_arg = next(a for a in extra if a.startswith("--signal="))
+        name = signal_arg.split("=", 1)[1].split("@")[0].removeprefix("B:")
+        assert f"SIG{name}" in {s.name for s in SIGNALS} and "--requeue" in extra, rule

@@ -267,6 +267,22 @@ def test_dense_target_fine_tunes_teacher_and_student_backbones(project):
     assert "## Dense tasks" in report and "![dense](figures/dense.png)" in report
 
 
+def test_a_code_stamp_that_cannot_be_written_stops_the_plan_instead_of_shrinking_it(project):
+    stamps = project / ".snakemake" / "linvit" / "code"
+    folder = sorted(p for p in stamps.iterdir() if p.name.startswith("finetune-"))[0]
+    kept = folder.with_name(folder.name + ".kept")
+    folder.rename(kept)
+    folder.write_text("a file where the stamp's folder was")
+    try:
+        run = tiny(project, "-n", "--forceall")
+        assert run.returncode != 0, run.stdout[-2000:]
+        assert "cannot write the code stamp" in run.stdout + run.stderr
+    finally:
+        folder.unlink()
+        kept.rename(folder)
+    assert tiny(project, "-n").returncode == 0
+
+
 def test_export_target_makes_timm_folders_of_the_chosen_cells_only(project):
     import timm
     import torch

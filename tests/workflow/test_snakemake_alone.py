@@ -207,3 +207,25 @@ def test_the_teacher_axis_runs_pretrained_selected_and_probed_teachers(tmp_path,
     assert {"pretrain", "wide", "ssl"} <= set(by_teacher.columns)
     main = (results / "tables" / "main.md").read_text()
     assert "teacher (selected)" in main and "teacher (imported, probed)" in main
+
+
+def test_a_finished_grid_moved_to_another_folder_plans_nothing(tmp_path, mnist_root):
+    """Job inputs (code stamps included) are named relative to the working directory: a copy of a
+    finished grid elsewhere, .snakemake and results with it, has nothing to do; an edit there
+    still reruns what it reaches."""
+    import shutil
+
+    path = copy_project(tmp_path / "here")
+    config = small_config("results", mnist_root)
+    (path / "config" / "small.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    run = snakemake(path, "--cores", "2", "--configfile", "config/small.yaml")
+    assert run.returncode == 0, run.stderr[-3000:]
+    moved = tmp_path / "elsewhere" / "clone"
+    shutil.copytree(path, moved, symlinks=True)
+    again = snakemake(moved, "-n", "--configfile", "config/small.yaml")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, \
+        again.stdout[-3000:]
+    linear = moved / "src" / "linvit" / "attention" / "linear.py"
+    linear.write_text(linear.read_text() + "\n# an edit\n")
+    edited = snakemake(moved, "-n", "--configfile", "config/small.yaml")
+    assert edited.returncode == 0 and "rule finetune:" in edited.stdout, edited.stdout[-3000:]

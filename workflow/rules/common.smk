@@ -25,7 +25,9 @@ cluster.check_site_settings(cluster.resource_expressions(workflow.resource_setti
 # What every start would otherwise recompute, importing the registries and so torch (seconds): the
 # config check's verdict and the code map, kept per code version in the working directory's
 # Snakemake folder (linvit.workflow.memo), which cluster jobs share.
-MEMO = Path.cwd() / ".snakemake" / "linvit"
+# Relative to the working directory, as every job input is: a finished grid copied or moved to
+# another folder (a new clone, another mount point) keeps its inputs' names and plans nothing.
+MEMO = Path(".snakemake") / "linvit"
 deps.memoise_in(MEMO)
 
 def _config_name():
@@ -45,6 +47,10 @@ if workflow.exec_mode == ExecMode.DEFAULT:
 RESULTS = config["results"]
 OUT = ResultsFolder(RESULTS)      # the aggregate files' paths (each job's own: its kind's pattern)
 PLAN = plan.plan(config)          # the grid, expanded once
+# Every job's code stamp, written now: a stamp that cannot be written or read stops the plan
+# here with its reason, where inside an input function Snakemake would drop the job instead.
+for _job in PLAN.jobs:
+    deps.code_stamp(MEMO / "code", *_job.code)
 CELLS = PLAN.cells
 PYTHON = f"PYTHONPATH={shlex.quote(str(SRC))} {shlex.quote(sys.executable)}"
 LINVIT = f"{PYTHON} -m linvit.cli"

@@ -121,8 +121,11 @@ class ModelFile:
 
     @functools.cached_property
     def state(self) -> dict[str, torch.Tensor]:
-        """Its tensors, read once."""
-        return read_state_dict(self.path)
+        """Its tensors, read once; NaN or infinite ones are refused here, before any stage copies,
+        distils or trains from them (a copy check would otherwise fail on NaN != NaN)."""
+        state = read_state_dict(self.path)
+        refuse_non_finite(state, str(self.path))
+        return state
 
     def carried(self, head: bool = True) -> dict:
         """What a model made from this one (a selection, a distillation) must say of it, for the
@@ -172,6 +175,15 @@ class ModelFile:
 def read_spec(path: str | Path) -> ModelSpec:
     """The ModelSpec a linvit model file carries (no tensor is read): ModelFile(path).spec."""
     return ModelFile(path).spec
+
+
+def refuse_non_finite(state: dict, source: str) -> None:
+    """NaN or infinite weights are refused by name (a model linvit reads or imports is finite)."""
+    bad = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise CheckpointError(f"{source}: non-finite weights (NaN or inf) in {len(bad)} "
+                              f"tensor(s): {', '.join(bad[:5])}; a model linvit reads must be "
+                              "finite")
 
 
 def load_model(path: str | Path) -> LinvitViT:

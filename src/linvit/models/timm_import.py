@@ -6,7 +6,7 @@ from pathlib import Path
 
 from linvit.errors import CheckpointError
 from linvit.io import sha256_file
-from linvit.models.checkpoint import load_strict
+from linvit.models.checkpoint import load_strict, refuse_non_finite
 from linvit.models.spec import ModelSpec
 from linvit.models.tensor_files import read_state_dict
 from linvit.models.vit import LinvitViT, create_vit
@@ -32,7 +32,7 @@ def import_timm_weights(spec: ModelSpec, file: str | Path | None = None,
     model = create_vit(spec)
     if file is None:
         loaded = _timm_pretrained(spec, name=timm_name)
-        _refuse_non_finite(loaded.state_dict(), f"timm's {timm_name or spec.size} weights")
+        refuse_non_finite(loaded.state_dict(), f"timm's {timm_name or spec.size} weights")
         return loaded, {"source": f"timm-pretrained {timm_name or ''}".strip(),
                         "head": _head_state(spec, timm_name)}
     state, dropped = LAYOUTS[layout].convert(read_state_dict(file, LAYOUTS[layout].wrappers))
@@ -54,18 +54,8 @@ def import_timm_weights(spec: ModelSpec, file: str | Path | None = None,
         if report["reset"]:
             report["head"] = "new"
     load_strict(model, state, str(file))
-    _refuse_non_finite(model.state_dict(), str(file))
+    refuse_non_finite(model.state_dict(), str(file))
     return model, report
-
-
-def _refuse_non_finite(state: dict, source: str) -> None:
-    """A teacher is signed and trusted from here on: NaN or infinite weights stop at import."""
-    import torch
-
-    bad = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    if bad:
-        raise CheckpointError(f"{source}: non-finite weights (NaN or inf) in {len(bad)} "
-                              f"tensor(s): {', '.join(bad[:5])}; a teacher must be finite")
 
 
 def _head_state(spec: ModelSpec, name: str | None) -> str:

@@ -2,7 +2,9 @@
 
 Tensors go in as tensors (model.*, optim.<param>.<key>); everything else (param groups, scheduler
 state, the per-epoch history) goes in the metadata as JSON, so loading never unpickles anything.
-Random state needs no saving: every epoch reseeds from (seed, epoch, rank), see runtime.epoch_seed.
+At an epoch's end random state needs no saving: every epoch reseeds from (seed, epoch, rank), see
+runtime.epoch_seed. A checkpoint taken inside an epoch (a preemption, linvit.runs.preempt) also
+holds its `position`: the step, the epoch's running sums and the generators' states.
 The file carries a checksum of its tensors (linvit.models.checkpoint), verified before a resume.
 """
 from __future__ import annotations
@@ -22,8 +24,10 @@ FORMAT = "linvit-train-state-2"       # 2: with a tensor checksum
 
 
 def save_state(path: str | Path, model: nn.Module, optimizer, scheduler, epoch: int,
-               history: list[dict], info: dict, ema: nn.Module | None = None) -> None:
-    """`ema`: the model's exponential moving average (timm's ModelEmaV3), saved beside it."""
+               history: list[dict], info: dict, ema: nn.Module | None = None,
+               position: dict | None = None) -> None:
+    """`ema`: the model's exponential moving average (timm's ModelEmaV3), saved beside it.
+    `position`: inside epoch `epoch` (0-based, unfinished), {"step", "sums", "count", "rng"}."""
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if ema is not None:
         tensors.update({f"ema.{k}": v.detach().cpu().contiguous()
@@ -46,6 +50,13 @@ def save_state(path: str | Path, model: nn.Module, optimizer, scheduler, epoch: 
         "info": json.dumps(info, sort_keys=True),
         "rng": "reseeded each epoch from (seed, epoch, rank)",
     }
+    if position is not None:
+        rng_tensors, rng_meta = position["rng"]
+        tensors.update({f"position.sums.{k}": v.detach().cpu().reshape(1)
+                        for k, v in position["sums"].items()})
+        tensors["position.count"] = position["count"].detach().cpu().reshape(1)
+        tensors.update({f"position.rng.{k}": v for k, v in rng_tensors.items()})
+        meta["position"] = json.dumps({"step": position["step"], "rng": rng_meta})
     save_tensors(path, tensors, meta)
 
 
@@ -92,8 +103,12 @@ def _without_precision(identity: dict) -> dict:
 
 
 def load_state(path: str | Path, model: nn.Module, optimizer, scheduler,
-               expect_info: dict, ema: nn.Module | None = None) -> tuple[int, list[dict]]:
-    """Restore in place; returns (epochs done, history). Fails if the run's identity differs."""
+               expect_info: dict, ema: nn.Module | None = None,
+               positions: list | None = None) -> tuple[int, list[dict]]:
+    """Restore in place; returns (epochs done, history). Fails if the run's identity differs.
+    A checkpoint taken inside an epoch appends its position to `positions` (save_state's
+    `position`, its sums and states as tensors and JSON), the epoch then being the one it
+    stopped in."""
     tensors, meta = read_state(path)
     check_identity(path, meta, expect_info)
     load_strict(model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, str(path))
@@ -109,4 +124,14 @@ def load_state(path: str | Path, model: nn.Module, optimizer, scheduler,
         state.setdefault(int(pid), {}).update(scalars)
     optimizer.load_state_dict({"state": state, "param_groups": json.loads(meta["optim_groups"])})
     scheduler.load_state_dict(json.loads(meta["scheduler"]))
+    if "position" in meta and positions is not None:
+        where = json.loads(meta["position"])
+        part = {k.removeprefix("position."): v for k, v in tensors.items()
+                if k.startswith("position.")}
+        positions.append({
+            "step": where["step"], "count": part["count"][0],
+            "sums": {k.removeprefix("sums."): v[0] for k, v in part.items()
+                     if k.startswith("sums.")},
+            "rng": ({k.removeprefix("rng."): v for k, v in part.items()
+                     if k.startswith("rng.")}, where["rng"])})
     return json.loads(meta["epoch"]), json.loads(meta["history"])

@@ -12,8 +12,9 @@ from timm.scheduler import create_scheduler_v2
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from linvit.errors import RunFailed
+from linvit.errors import RunFailed, RunPreempted
 from linvit.runs.loggers import open_loggers
+from linvit.runs.preempt import Preempted, Preemption, rng_states
 from linvit.runs.rundir import RunDir
 from linvit.runs.runtime import Runtime, epoch_seed
 from linvit.runs.state import load_state, save_state, started_precision
@@ -57,23 +58,38 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
     """
     optimizer, scheduler = build_optimizer(model, optim_cfg, len(train_loader))
     params = [p for p in model.parameters() if p.requires_grad]
-    start, history, identity = (_resume(run, rt, model, optimizer, scheduler, ema, optim_cfg)
+    position: list = []          # where a preempted epoch stopped (linvit.runs.preempt)
+    start, history, identity = (_resume(run, rt, model, optimizer, scheduler, ema, optim_cfg,
+                                        position)
                                 if run is not None else (0, [], None))
     module = _wrap(objective, rt, find_unused)
     steps = len(train_loader)
+    resumed = position[0] if position else None
     curves = open_loggers(run.config.get("run", {}).get("loggers", []) if run else [],
-                          run.path if run else ".", run.config if run else {}, start * steps,
-                          rt.is_main)
+                          run.path if run else ".", run.config if run else {},
+                          start * steps + (resumed["step"] if resumed else 0), rt.is_main)
+    preemption = Preemption() if run is not None else None
     try:
+        if preemption is not None:
+            preemption.__enter__()
         for epoch in range(start, optim_cfg.epochs):
             seed_epoch(epoch_seed(rt.seed, epoch, rt.rank))
             if before_epoch is not None:
                 before_epoch(epoch)
-            stats = train_one_epoch(
-                module, train_loader, optimizer, scheduler, epoch, rt, params=params,
-                clip_grad=optim_cfg.clip_grad, on_backward=on_backward, batch_aug=batch_aug,
-                after_step=(lambda n: ema.update(model, step=n)) if ema else None,
-                on_step=curves.step if curves else None)
+            try:
+                stats = train_one_epoch(
+                    module, train_loader, optimizer, scheduler, epoch, rt, params=params,
+                    clip_grad=optim_cfg.clip_grad, on_backward=on_backward, batch_aug=batch_aug,
+                    after_step=(lambda n: ema.update(model, step=n)) if ema else None,
+                    on_step=curves.step if curves else None,
+                    resume=_mine(resumed, rt) if epoch == start else None,
+                    stop=(lambda: _any_rank(preemption.requested, rt)) if preemption else None)
+            except Preempted as stopped:
+                _save_preempted(run, rt, stopped, model, optimizer, scheduler, epoch, history,
+                                identity, ema)
+                raise RunPreempted(f"{run.path}: stopped after step {stopped.step} of epoch "
+                                   f"{epoch + 1} by signal {preemption.signal}; its checkpoint "
+                                   "resumes from there") from None
             last = epoch + 1 == optim_cfg.epochs
             if last or (eval_every and (epoch + 1) % eval_every == 0):
                 stats.update(_evaluate(epoch, last, evaluate_fn, ema, evaluate_ema))
@@ -87,10 +103,42 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
             rt.barrier()
     finally:
         curves.close()
+        if preemption is not None:
+            preemption.__exit__(None, None, None)
     return history
 
 
-def _resume(run: RunDir, rt: Runtime, model, optimizer, scheduler, ema, optim_cfg):
+def _mine(position: dict | None, rt: Runtime) -> dict | None:
+    """A preempted epoch's position for this process: the epoch's sums (saved summed over the
+    processes) on the main one, zeros elsewhere, so that the epoch's total is the same."""
+    if position is None or rt.is_main:
+        return position
+    return {**position, "sums": {k: v * 0 for k, v in position["sums"].items()},
+            "count": position["count"] * 0}
+
+
+def _any_rank(flag: bool, rt: Runtime) -> bool:
+    """Whether any process was signalled: all stop at the same step."""
+    if not rt.distributed:
+        return flag
+    return rt.all_reduce_sum(torch.tensor([float(flag)], device=rt.device)).item() > 0
+
+
+def _save_preempted(run: RunDir, rt: Runtime, stopped: Preempted, model, optimizer, scheduler,
+                    epoch: int, history: list[dict], identity: dict, ema) -> None:
+    """The checkpoint of the step a preemption stopped at: the epoch it is in, its step, the
+    epoch's sums over every process and this process's generators."""
+    names = sorted(stopped.sums)
+    totals = rt.all_reduce_sum(torch.stack([stopped.sums[k] for k in names] + [stopped.count]))
+    if rt.is_main:
+        save_state(run.checkpoint, model, optimizer, scheduler, epoch, history, identity, ema,
+                   position={"step": stopped.step, "count": totals[-1],
+                             "sums": dict(zip(names, totals[:-1])), "rng": rng_states()})
+    rt.barrier()
+
+
+def _resume(run: RunDir, rt: Runtime, model, optimizer, scheduler, ema, optim_cfg,
+            position: list):
     """(first epoch, history so far, identity): from the run's checkpoint where it has one,
     which must be of this config and precision."""
     start, history = 0, []
@@ -99,8 +147,10 @@ def _resume(run: RunDir, rt: Runtime, model, optimizer, scheduler, ema, optim_cf
         rt.keep_precision(started_precision(run.checkpoint))
     identity = {**run.identity, "precision": rt.precision}
     if resuming:
-        start, history = load_state(run.checkpoint, model, optimizer, scheduler, identity, ema)
-        log.info("resuming %s after epoch %d of %d", run.path, start, optim_cfg.epochs)
+        start, history = load_state(run.checkpoint, model, optimizer, scheduler, identity, ema,
+                                    position)
+        where = f" and step {position[0]['step']} of the next" if position else ""
+        log.info("resuming %s after epoch %d%s of %d", run.path, start, where, optim_cfg.epochs)
     return start, history, identity
 
 

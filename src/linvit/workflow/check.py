@@ -113,6 +113,11 @@ def _check_teachers(config: dict) -> None:
         for key in ("file", "layout", "timm_name", "headless", "probe"):
             if spec["source"] != "timm" and spec.get(key) is not None:
                 raise ConfigError(f"{where}.{key}: only for a timm teacher (source: timm)")
+        if spec.get("layout") is not None:        # before the import check reads the file
+            from linvit.config import one_of
+            from linvit.models.layouts import LAYOUTS
+
+            one_of(f"{where}.layout", spec["layout"], LAYOUTS)
         file = spec.get("file")
         if file is not None and not Path(file).is_file():
             raise ConfigError(f"{where}.file: file not found: {file}")
