@@ -13,13 +13,14 @@ register_when_timm_loads()
 
 
 # The Python API (linvit.api, docs/api.md), imported on first use: `import linvit` stays light for
-# the workflow, which imports linvit's config code on every Snakemake start.
+# the workflow, which imports linvit's config code on every Snakemake start. By importlib, so that
+# the workflow's import graph (linvit.workflow.deps) does not put the API in every job's code.
 API = ("convert", "distill", "finetune", "evaluate")
 
 
 def __getattr__(name: str):
     if name in API:
-        from linvit import api
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module("linvit.api"), name)
     raise AttributeError(f"module 'linvit' has no attribute {name!r}")

@@ -177,15 +177,17 @@ def test_complete_means_every_output_present_and_unchanged(tmp_path, mnist_root,
     assert verified_metrics(out) is not None
 
 
-def test_a_nan_model_fails_its_evaluation_without_writing_a_result(tmp_path, mnist_root, capsys):
+def test_a_nan_model_is_refused_in_one_line_without_writing_a_result(tmp_path, mnist_root,
+                                                                     capsys):
     model = create_vit(ModelSpec("cpu96", "softmax", 10, 28, 1))
     with torch.no_grad():
         model.head.weight.fill_(float("nan"))
     path = tmp_path / "nan.safetensors"
     save_model(model, path)
     out = tmp_path / "eval"
-    assert evaluate(out, path, mnist_root) == 1
-    assert "non-finite" in capsys.readouterr().err
+    assert evaluate(out, path, mnist_root) == 2              # bad input, before any compute
+    assert "non-finite weights (NaN or inf) in 1 tensor(s): head.weight" in \
+        capsys.readouterr().err
     assert not (out / "metrics.json").exists() and verified_metrics(out) is None
 
 

@@ -24,7 +24,7 @@ RULE_OF = {"teacher": "teacher", "import": "import_teacher", "distill": "distill
            "cell": "finetune", "select_cell": "select_cell", "choose": "choose",
            "maps": "attention_maps", "corrupt": "corrupt",
            "robustness_teacher": "robustness_teacher", "robustness_cell": "robustness_cell",
-           "scenes": "scenes", "dense": "dense_job", "bench": "bench"}
+           "scenes": "scenes", "dense": "dense_job", "bench": "bench", "export": "export_cell"}
 
 # Loads the workflow (no DAG, no job) in its own process (Snakemake changes the working
 # directory) and prints each rule's output, log and benchmark patterns.
