@@ -41,26 +41,34 @@ def chain(mnist_root, tmp_path_factory):
     return root, out
 
 
-def test_timm_rebuilds_the_export_in_a_fresh_process_with_the_same_logits(chain, tmp_path):
-    root, out = chain
-    torch.manual_seed(0)
-    x = torch.randn(4, 1, 28, 28)
-    save_file({"x": x}, tmp_path / "x.safetensors")
+def timm_in_a_fresh_process(name: str, x: torch.Tensor, folder, env: dict | None = None):
+    """`timm.create_model(name, pretrained=True)` after `import linvit` in a new interpreter: its
+    logits on `x`, and what it printed (the model's class and timm's data config)."""
+    save_file({"x": x}, folder / "x.safetensors")
     script = (
         "import sys, torch, linvit, timm\n"
         "from safetensors.torch import load_file, save_file\n"
         "torch.set_num_threads(1)\n"
-        f"model = timm.create_model('local-dir:{out}', pretrained=True).eval()\n"
-        f"x = load_file('{tmp_path}/x.safetensors')['x']\n"
+        f"model = timm.create_model('{name}', pretrained=True).eval()\n"
+        f"x = load_file('{folder}/x.safetensors')['x']\n"
         "with torch.no_grad():\n"
-        f"    save_file({{'y': model(x)}}, '{tmp_path}/y.safetensors')\n"
+        f"    save_file({{'y': model(x)}}, '{folder}/y.safetensors')\n"
         "print(type(model).__name__, timm.data.resolve_data_config({}, model=model))\n")
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "LinvitViT" in run.stdout and "'input_size': (1, 28, 28)" in run.stdout
+    return load_file(folder / "y.safetensors")["y"], run.stdout
+
+
+def test_timm_rebuilds_the_export_in_a_fresh_process_with_the_same_logits(chain, tmp_path):
+    root, out = chain
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 28, 28)
+    got, printed = timm_in_a_fresh_process(f"local-dir:{out}", x, tmp_path)
+    assert "LinvitViT" in printed and "'input_size': (1, 28, 28)" in printed
     with torch.no_grad():
         want = load_model(root / "cells" / "seed0" / "model.safetensors").eval()(x)
-    assert torch.allclose(load_file(tmp_path / "y.safetensors")["y"], want, atol=1e-6)
+    assert torch.allclose(got, want, atol=1e-6)
 
 
 def test_config_json_is_timms_with_the_linvit_spec_and_the_label_names(chain):
@@ -133,22 +141,12 @@ def test_push_to_hub_uploads_the_folder_and_timm_loads_it_back_by_hf_hub(chain, 
         assert "hf-hub:lab/linear-vit" in (out / "README.md").read_text()
         torch.manual_seed(0)
         x = torch.randn(2, 1, 28, 28)
-        save_file({"x": x}, tmp_path / "x.safetensors")
-        script = (
-            "import torch, linvit, timm\n"
-            "from safetensors.torch import load_file, save_file\n"
-            "model = timm.create_model('hf-hub:lab/linear-vit', pretrained=True).eval()\n"
-            f"x = load_file('{tmp_path}/x.safetensors')['x']\n"
-            "with torch.no_grad():\n"
-            f"    save_file({{'y': model(x)}}, '{tmp_path}/y.safetensors')\n")
         env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_CACHE": str(tmp_path / "hf"),
                "HF_HUB_DISABLE_TELEMETRY": "1"}
-        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                             env=env, timeout=300)
-        assert run.returncode == 0, run.stderr[-2000:]
+        got, _ = timm_in_a_fresh_process("hf-hub:lab/linear-vit", x, tmp_path, env)
     with torch.no_grad():
         want = load_model(root / "cells" / "seed0" / "model.safetensors").eval()(x)
-    assert torch.allclose(load_file(tmp_path / "y.safetensors")["y"], want, atol=1e-6)
+    assert torch.allclose(got, want, atol=1e-6)
 
 
 def test_a_refused_push_fails_the_export_and_leaves_no_result(chain, tmp_path, monkeypatch):
