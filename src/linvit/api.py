@@ -28,6 +28,7 @@ from linvit.transfer.config import (
     FinetuneConfig,
     InitCfg,
     KDCfg,
+    check_e2e_epochs,
     check_map_losses,
 )
 
@@ -94,9 +95,7 @@ def distill_settings(options: dict | None = None) -> tuple[DistillCfg, OptimCfg]
     """The `distill` and `optim` sections of `linvit distill` from one flat dict."""
     s = _split(options, {"distill": (DistillCfg, {}), "optim": (OptimCfg, _DISTILL_OPTIM)},
                "distill")
-    if s["distill"].e2e_epochs > s["optim"].epochs:
-        raise ConfigError(f"distill.e2e_epochs: {s['distill'].e2e_epochs} is more than epochs "
-                          f"({s['optim'].epochs}); the end-to-end phase is its last epochs")
+    check_e2e_epochs(s["distill"], s["optim"].epochs)
     return s["distill"], s["optim"]
 
 
@@ -114,16 +113,21 @@ def distill(student: nn.Module, teacher: nn.Module, train, *, rt=None, **options
     batches of `train`; returns the per-epoch history (train_<loss>/L<layer> and the rest).
     `options`: fields of `linvit distill`'s distill and optim sections (losses, layers, train,
     temperature, e2e_epochs, e2e_losses; epochs, lr, ...)."""
-    from linvit.transfer.loops import distill_loop, distill_objective
-
     d, optim = distill_settings(options)
     check_map_losses(student.spec.operator, d.losses)
-    rt = rt or runtime()
+    return _distil(student, teacher, as_loader(train), rt or runtime(), d, optim)
+
+
+def _distil(student, teacher, train, rt, d: DistillCfg, optim: OptimCfg) -> list[dict]:
+    """distill_loop on the student, which is left as it was but for what it learnt: the teacher's
+    hooks removed, every tensor's requires_grad as before."""
+    from linvit.transfer.loops import distill_loop, distill_objective
+
     flags = {n: p.requires_grad for n, p in student.named_parameters()}
     objective = distill_objective(student.to(rt.device), teacher.to(rt.device), d)
     try:
-        history, _ = distill_loop(objective, as_loader(train), optim, rt, d)
-    finally:                      # the student and teacher as they were, but for what it learnt
+        history, _ = distill_loop(objective, train, optim, rt, d)
+    finally:
         objective.remove_hooks()
         for name, p in student.named_parameters():
             p.requires_grad_(flags[name])
@@ -135,15 +139,16 @@ def finetune(model: nn.Module, train, *, teacher: nn.Module | None = None, rt=No
     """Fine-tune every tensor of `model` on `train` (cross-entropy, with logit KD from `teacher`
     where kd_weight > 0); returns the per-epoch history. `options`: fields of `linvit
     finetune`'s optim section (epochs, lr, warmup_epochs, ...), kd_weight and kd_temperature."""
+    optim, kd = finetune_settings(options)
+    return _finetune(model, as_loader(train), rt or runtime(), optim, kd, teacher)
+
+
+def _finetune(model, train, rt, optim: OptimCfg, kd: KDCfg, teacher=None) -> list[dict]:
     from linvit.transfer.loops import finetune_loop
 
-    optim, kd = finetune_settings(options)
-    rt = rt or runtime()
     model.requires_grad_(True)
-    if teacher is not None:
-        teacher = teacher.to(rt.device)
-    return finetune_loop(model.to(rt.device), as_loader(train), optim, rt, teacher=teacher,
-                         kd=kd)
+    return finetune_loop(model.to(rt.device), train, optim, rt,
+                         teacher=teacher.to(rt.device) if teacher is not None else None, kd=kd)
 
 
 def evaluate(model: nn.Module, test, *, rt=None) -> dict:
@@ -226,10 +231,7 @@ def convert(teacher, operator: str = "linear", strategy: str = "copy_mlp+distill
     model = create_vit(spec)
     record["init"] = apply_init(model, plan, state, distilled)
     if ft is not None:
-        from linvit.transfer.loops import finetune_loop
-
-        record["finetune"] = finetune_loop(model.to(rt.device), train, ft[0], rt,
-                                           teacher=teacher.to(rt.device), kd=ft[1])
+        record["finetune"] = _finetune(model, train, rt, *ft, teacher)
     model.conversion = record
     return model
 
@@ -248,17 +250,8 @@ def _student_spec(teacher_spec, operator: str, options: dict | None, shape):
 def _distilled(teacher, state, spec, train, rt, d: DistillCfg, optim: OptimCfg):
     """The distillation student (the teacher with `spec`'s attention, new or copied as
     d.attn_init says), distilled on `train`: its tensors and the loop's history."""
-    from linvit.models import create_vit
-    from linvit.transfer.init import apply_init
-    from linvit.transfer.loops import distill_loop, distill_objective
-    from linvit.transfer.stages import distill_student_strategy
+    from linvit.transfer.stages import new_distill_student
 
-    torch.manual_seed(rt.seed)
-    student = create_vit(spec)
-    apply_init(student, distill_student_strategy(d.attn_init), state)
-    objective = distill_objective(student.to(rt.device), teacher.to(rt.device), d)
-    try:
-        history, _ = distill_loop(objective, train, optim, rt, d)
-    finally:
-        objective.remove_hooks()
+    student, _ = new_distill_student(spec, state, d.attn_init, rt.seed)
+    history = _distil(student, teacher, train, rt, d, optim)
     return {k: v.detach().cpu() for k, v in student.state_dict().items()}, history

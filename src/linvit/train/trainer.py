@@ -3,6 +3,7 @@ resume from the last checkpoint, evaluation on schedule. Used by pretrain, disti
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -68,10 +69,10 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
     curves = open_loggers(run.config.get("run", {}).get("loggers", []) if run else [],
                           run.path if run else ".", run.config if run else {},
                           start * steps + (resumed["step"] if resumed else 0), rt.is_main)
-    preemption = Preemption() if run is not None else None
-    try:
-        if preemption is not None:
-            preemption.__enter__()
+    with contextlib.ExitStack() as stack:
+        # a run in memory (run None) has nothing to save on a signal: it keeps the default
+        preemption = stack.enter_context(Preemption()) if run is not None else None
+        stack.callback(curves.close)
         for epoch in range(start, optim_cfg.epochs):
             seed_epoch(epoch_seed(rt.seed, epoch, rt.rank))
             if before_epoch is not None:
@@ -101,10 +102,6 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
                            identity, ema)
                 run.write_history(history)
             rt.barrier()
-    finally:
-        curves.close()
-        if preemption is not None:
-            preemption.__exit__(None, None, None)
     return history
 
 

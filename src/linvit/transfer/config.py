@@ -79,6 +79,14 @@ class DistillCfg:
         positive(f"{p}.temperature", self.temperature)
 
 
+def check_e2e_epochs(distill: DistillCfg, epochs: int) -> None:
+    """The end-to-end phase is the schedule's last e2e_epochs: it cannot be longer."""
+    if distill.e2e_epochs > epochs:
+        raise ConfigError(f"distill.e2e_epochs: {distill.e2e_epochs} is more than the "
+                          f"schedule's optim.epochs ({epochs}); the end-to-end phase is its last "
+                          "epochs")
+
+
 @dataclass
 class InitCfg:
     """The student's init: which groups it takes from the teacher or a distilled student."""
@@ -129,10 +137,7 @@ class DistillConfig:
         check_map_losses(self.model.operator, self.distill.losses)
         if self.distill.e2e_epochs:
             check_map_losses(self.model.operator, self.distill.e2e_losses, "distill.e2e_losses")
-        if self.distill.e2e_epochs > self.optim.epochs:
-            raise ConfigError(f"distill.e2e_epochs: {self.distill.e2e_epochs} is more than the "
-                              f"schedule's optim.epochs ({self.optim.epochs}); the end-to-end "
-                              "phase is its last epochs")
+        check_e2e_epochs(self.distill, self.optim.epochs)
         if self.model.size is not None:
             depth = SIZES[self.model.size].depth
             bad = [l for l in self.distill.layers or [] if not 0 <= l < depth]

@@ -78,6 +78,16 @@ def distill_student_strategy(attn_init: str) -> InitStrategy:
     return InitStrategy(f"distill-student(attn={attn_init})", frozenset(copied))
 
 
+def new_distill_student(spec: ModelSpec, teacher_state: dict, attn_init: str,
+                        seed: int) -> tuple[torch.nn.Module, dict]:
+    """A new model of `spec` seeded by `seed`, holding the teacher's tensors but its attention
+    (the teacher's too with attn_init "teacher"): the distillation student, or a reference of
+    its start; and apply_init's record."""
+    torch.manual_seed(seed)
+    student = create_vit(spec)
+    return student, apply_init(student, distill_student_strategy(attn_init), teacher_state)
+
+
 def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
     rt, run = start_run(cfg, out, "distill", replace)
     if run.finished:
@@ -90,10 +100,8 @@ def run_distill(cfg: DistillConfig, out, replace: bool = False) -> dict:
         if weights.get("logit_kd"):
             check_kd_teacher(files["teacher"], info, f"distill.{key}.logit_kd")
     spec = student_spec(cfg, teacher.spec, info)
-    torch.manual_seed(cfg.run.seed)
-    student = create_vit(spec)
-    record = apply_init(student, distill_student_strategy(cfg.distill.attn_init),
-                        files["teacher"].state)
+    student, record = new_distill_student(spec, files["teacher"].state, cfg.distill.attn_init,
+                                          cfg.run.seed)
     record["sources"] = {"teacher": cfg.teacher}
     objective = distill_objective(student, teacher, cfg.distill)
     trainable = [n for n, p in student.named_parameters() if p.requires_grad]
@@ -159,9 +167,8 @@ def start_quality(run, rt, objective, cfg: DistillConfig, teacher_state: dict, s
     out = {} if run.checkpoint.is_file() else {"before": teacher_forced_errors(objective, loader,
                                                                                 rt)}
     for name, attn_init in (("random", "random"), ("copied", "teacher")):
-        torch.manual_seed(cfg.run.seed)              # the same new tensors as the student's
-        reference = create_vit(spec)
-        apply_init(reference, distill_student_strategy(attn_init), teacher_state)
+        # the same new tensors as the student's
+        reference, _ = new_distill_student(spec, teacher_state, attn_init, cfg.run.seed)
         with scoring(objective, reference):
             out[name] = teacher_forced_errors(objective, loader, rt)
     if rt.is_main:

@@ -202,7 +202,8 @@ def _stage_sources(stage: str, operators: tuple, losses: tuple, datasets: tuple)
                 files.discard(path)
     shared = {p for kind, m in registry_members().items() for n, p in m.items()
               if n in selected[kind]}
-    kernels = {p for name in operators for p in kernel_files().get(name, ())}
+    by_operator = kernel_files()
+    kernels = {p for name in operators for p in by_operator.get(name, ())}
     return tuple(sorted(files | shared | kernels))
 
 
