@@ -49,6 +49,8 @@ def vis_backends(loggers: list[str], run_dir: Path) -> list[dict]:
     interval, and the validation metrics."""
     import os
 
+    from linvit.runs.loggers import tracking_uri
+
     name = run_dir.resolve().name
     made = {
         "tensorboard": lambda: dict(type="TensorboardVisBackend",
@@ -58,18 +60,9 @@ def vis_backends(loggers: list[str], run_dir: Path) -> list[dict]:
                                                dir=str(run_dir), name=name)),
         "mlflow": lambda: dict(type="MLflowVisBackend", save_dir=str(run_dir / "mlruns"),
                                exp_name=os.environ.get("MLFLOW_EXPERIMENT_NAME", "linvit"),
-                               run_name=name, tracking_uri=_mlflow_uri(run_dir)),
+                               run_name=name, tracking_uri=tracking_uri(run_dir / "mlruns")),
     }
     return [made[n]() for n in loggers]
-
-
-def _mlflow_uri(run_dir: Path) -> str:
-    import os
-
-    if uri := os.environ.get("MLFLOW_TRACKING_URI"):
-        return uri
-    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")   # as linvit.runs.loggers.mlflow
-    return (run_dir / "mlruns").resolve().as_uri()
 
 
 def _common(cfg, work_dir: str, scope: str, evaluator: dict) -> dict:

@@ -128,3 +128,14 @@ def open_loggers(names: list[str], run_dir: Path, config: dict, start_step: int,
         return Loggers([])
     name = Path(run_dir).resolve().name
     return Loggers([LOGGERS[n].open(Path(run_dir), name, config, start_step) for n in names])
+
+
+def tracking_uri(folder: Path) -> str:
+    """MLflow's store: $MLFLOW_TRACKING_URI, else offline in `folder`, MLflow's file store (kept,
+    in maintenance mode; a database store needs SQLAlchemy, which mlflow-skinny leaves out)."""
+    import os
+
+    if uri := os.environ.get("MLFLOW_TRACKING_URI"):
+        return uri
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return Path(folder).resolve().as_uri()

@@ -9,16 +9,12 @@ from pathlib import Path
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from linvit.runs.loggers import tracking_uri
+
 
 class MlflowLogger:
     def __init__(self, folder: Path, run_name: str, config: dict):
-        uri = os.environ.get("MLFLOW_TRACKING_URI")
-        if not uri:
-            # offline, in the run folder: MLflow's file store (kept, in maintenance mode; a
-            # database store needs SQLAlchemy, which mlflow-skinny leaves out)
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            uri = folder.resolve().as_uri()
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = MlflowClient(tracking_uri=tracking_uri(folder))
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "linvit")
         found = self.client.get_experiment_by_name(name)
         experiment = found.experiment_id if found else self.client.create_experiment(name)
