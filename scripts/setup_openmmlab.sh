@@ -26,6 +26,7 @@ wheel=$(ls "$CACHE"/mmcv-2.1.0+"$tag"-*.whl 2>/dev/null | head -n 1 || true)
 if [ -z "$wheel" ]; then
   echo "[setup] building mmcv 2.1.0 with its ops (once; it takes minutes)"
   work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT  # a failed build leaves nothing behind in /tmp
   "$PY" -m pip download -q --no-deps --no-build-isolation --no-binary :all: "mmcv==2.1.0" -d "$work"
   tar -xzf "$work"/mmcv-2.1.0.tar.gz -C "$work"
   sed -i -e 's/-std=c++14/-std=c++20/g' -e 's/-std=c++17/-std=c++20/g' "$work/mmcv-2.1.0/setup.py"
@@ -37,8 +38,12 @@ if [ -z "$wheel" ]; then
   cp "$built" "$wheel.tmp" && mv "$wheel.tmp" "$wheel"
   rm -rf "$work"
 fi
-tmpwheel=$(mktemp -d)/$(basename "$wheel" | sed "s/+$tag//")
+# pip wants the wheel's own name (no local tag); the copy is removed whatever happens
+wheeldir=$(mktemp -d)
+trap 'rm -rf "$wheeldir"' EXIT
+tmpwheel="$wheeldir/$(basename "$wheel" | sed "s/+$tag//")"
 cp "$wheel" "$tmpwheel"
 "$PY" -m pip install -q --no-deps "$tmpwheel"
+rm -rf "$wheeldir"
 "$PY" -m pip install -q "mmsegmentation==1.2.2" "mmdet==3.3.0" ftfy regex pycocotools
 "$PY" -c "import mmcv.ops, mmseg.models, mmdet.models" >/dev/null
