@@ -304,6 +304,29 @@ def test_export_target_makes_timm_folders_of_the_chosen_cells_only(project):
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
 
+def test_a_second_grid_naming_the_jobs_folder_trains_nothing_it_shares(project):
+    """Grids that name one jobs_folder share its teachers, distillations and cells
+    (linvit.workflow.shared): a grid that differs only in its results folder plans none of them,
+    only what it keeps itself; one that gives a shared job other settings is refused."""
+    config = yaml.safe_load((project / "config" / "tiny.yaml").read_text())
+    config.update(results=str(project / "results b"), jobs_folder=str(project / "results"))
+    (project / "config" / "b.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    run = snakemake(project, "-n", "--cores", "2", "--configfile", "config/b.yaml")
+    assert run.returncode == 0, run.stderr[-3000:]
+    planned = planned_outputs(run.stdout)
+    shared = {"teacher", "import_teacher", "distill", "finetune", "select_cell", "choose"}
+    assert not shared & set(planned), {r: planned[r] for r in shared & set(planned)}
+    assert {"collect", "tables", "report"} <= set(planned)
+    assert all(o.startswith(str(project / "results b")) for outs in planned.values()
+               for o in outs)
+    config["stages"]["finetune"]["optim"]["lr"] = 0.5
+    (project / "config" / "b.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    refused = snakemake(project, "-n", "--cores", "2", "--configfile", "config/b.yaml")
+    assert refused.returncode != 0
+    said = refused.stdout + refused.stderr                  # Snakemake prints its error on stdout
+    assert "with other settings than this grid" in said and "cells/synthetic" in said, said[-2000:]
+
+
 def test_a_failing_cell_does_not_poison_the_others(project):
     path = project / "src" / "linvit" / "attention" / "focused.py"
     original = path.read_text()

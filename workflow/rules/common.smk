@@ -14,7 +14,7 @@ from snakemake_interface_executor_plugins.settings import ExecMode
 
 SRC = Path(workflow.basedir) / "src"
 
-from linvit.workflow import cluster, cost, dense_jobs, deps, plan  # noqa: E402   (check: Snakefile)
+from linvit.workflow import cluster, cost, dense_jobs, deps, plan, shared  # noqa: E402   (check: Snakefile)
 from linvit.report.paths import COLLECTED, FIGURES, TABLE_FORMATS, ResultsFolder  # noqa: E402
 from linvit.workflow.jobs import KINDS  # noqa: E402
 
@@ -47,6 +47,8 @@ if workflow.exec_mode == ExecMode.DEFAULT:
 RESULTS = config["results"]
 OUT = ResultsFolder(RESULTS)      # the aggregate files' paths (each job's own: its kind's pattern)
 PLAN = plan.plan(config)          # the grid, expanded once
+# A job of a shared jobs_folder that another grid made with other settings: refused, not redone.
+shared.check_not_foreign(PLAN)
 # Every job's code stamp, written now: a stamp that cannot be written or read stops the plan
 # here with its reason, where inside an input function Snakemake would drop the job instead.
 for _job in PLAN.jobs:
@@ -105,13 +107,16 @@ RUN_RESOURCES = dict(gpu=0, nproc=1)
 
 # Every job: run linvit (which first checks that the code is what the job's stamp records), then
 # write a record (ok or failed), so one failing job shows as failed in the tables instead of
-# stopping the rest of the grid. A job killed by a signal (an interrupted
-# workflow) leaves no record: it has not failed, and the next run resumes it.
+# stopping the rest of the grid. A job killed by a signal (an interrupted workflow) leaves no
+# record: it has not failed, and the next run resumes it. The record names the grid and command
+# that made the job (linvit.workflow.shared) through the shell, not params: a param naming the
+# grid would make another grid sharing the job rerun it.
 RUN_AND_RECORD = """
 status=0
 {LINVIT} --nproc {resources.nproc:q} --code-stamp {input.code:q} {params.args} run.threads={threads} \
     > {log:q} 2>&1 || status=$?
 if [ $status -ge 128 ]; then exit $status; fi
 {REPORT} record --kind {params.kind:q} --key {params.key:q} --run-dir {params.dir:q} \
-    --status $status --log {log:q} --out {output.record:q}
+    --status $status --log {log:q} --grid-results {RESULTS:q} --command {params.args:q} \
+    --out {output.record:q}
 """

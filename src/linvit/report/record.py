@@ -13,17 +13,20 @@ import yaml
 from linvit.io import loads, read_json, write_json
 from linvit.report.kinds import KINDS
 from linvit.runs.verify import check_run
+from linvit.workflow.shared import made_by
 
 LOG_TAIL_LINES = 30
 
 
 def make_record(kind: str, key: dict, run_dir: str | Path, exit_status: int,
-                log: str | Path | None = None) -> dict:
-    """"ok" only for a run that exited 0 and whose outputs verify (linvit.runs.rundir)."""
+                log: str | Path | None = None, made_by: dict | None = None) -> dict:
+    """"ok" only for a run that exited 0 and whose outputs verify (linvit.runs.rundir).
+    `made_by`: the grid and command that made it (linvit.workflow.shared)."""
     if kind not in KINDS:
         raise ValueError(f"record kind {kind!r} is not one of: {', '.join(KINDS)}")
     run_dir = Path(run_dir)
-    record = {"kind": kind, "key": key, "run_dir": str(run_dir), "exit_status": exit_status}
+    record = {"kind": kind, "key": key, "run_dir": str(run_dir), "exit_status": exit_status,
+              **({"made_by": made_by} if made_by else {})}
     metrics, why = check_run(run_dir) if exit_status == 0 else (None, "")
     if metrics is not None:
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -53,4 +56,5 @@ def read_records(paths) -> list[dict]:
 
 def run_step(a) -> None:
     write_record(a.out, kind=a.kind, key=loads(a.key), run_dir=a.run_dir,
-                 exit_status=a.status, log=a.log)
+                 exit_status=a.status, log=a.log,
+                 made_by=made_by(a.grid_results, a.command) if a.grid_results else None)

@@ -17,6 +17,14 @@ scores them. A job the axis does not reach (a strategy without distillation on a
 an imported teacher on a teacher axis, every teacher on a finetune axis) has the value `none`,
 as such strategies have the loss design `none`; the report lets it stand in every value of the
 axis (linvit.report.grid).
+
+Axes are crossed (the full factorial) unless `axis_groups` splits them into groups varied one
+group at a time: each group's axes crossed, every other axis at its first value, the baseline.
+
+    axis_groups: [[attn_start, e2e], [d_epochs]]     # 2 x 2 + 3 - 1 = 6 combinations, not 12
+
+The baseline is one combination of every group, so grids that would each vary one design axis
+around the same baseline become one grid that computes the baseline once.
 """
 from __future__ import annotations
 
@@ -70,8 +78,10 @@ Combo = tuple[tuple[str, str], ...]      # (axis name, label) pairs, in the conf
 
 @dataclass(frozen=True)
 class Axes:
-    """The config's axes, in its order."""
+    """The config's axes, in its order, and the groups varied one at a time (default: one
+    group of all axes, the full factorial)."""
     axes: tuple[Axis, ...] = ()
+    groups: tuple[tuple[str, ...], ...] | None = None
 
     def __iter__(self):
         return iter(self.axes)
@@ -82,9 +92,13 @@ class Axes:
     def combinations(self, reached: dict[str, bool]) -> list[Combo]:
         """Every combination of values for a job that the stages `reached` (stage -> whether
         the job takes that stage's work) reach: `none` on the axes of stages it does not."""
-        choices = [[(a.name, label) for label in (a.labels if reached.get(a.stage) else (NONE,))]
-                   for a in self.axes]
-        return [tuple(c) for c in itertools.product(*choices)]
+        out = []
+        for group in self.groups or (self.names(),):
+            choices = [[(a.name, label) for label in
+                        ((a.labels if a.name in group else a.labels[:1])
+                         if reached.get(a.stage) else (NONE,))] for a in self.axes]
+            out += [tuple(c) for c in itertools.product(*choices)]
+        return list(dict.fromkeys(out))
 
     def project(self, combo: Combo, stages) -> Combo:
         """The part of `combo` on the axes of `stages`."""
@@ -129,7 +143,27 @@ def parse(config: dict, name_pattern: str) -> Axes:
             for field, _ in fields:
                 _check_not_set_by_grid(where, spec["stage"], field)
         axes.append(Axis(name, spec["stage"], tuple(labels), tuple(settings)))
-    return Axes(tuple(axes))
+    return Axes(tuple(axes), _groups(config, [a.name for a in axes]))
+
+
+def _groups(config: dict, names: list[str]) -> tuple[tuple[str, ...], ...] | None:
+    """`axis_groups`, checked: every axis in exactly one group."""
+    groups = config.get("axis_groups")
+    if not groups:
+        return None
+    seen = [n for g in groups for n in g]
+    unknown = [n for n in seen if n not in names]
+    if unknown:
+        raise ConfigError(f"axis_groups: {unknown[0]!r} is not an axis of the grid "
+                          f"(axes: {', '.join(names) or 'none'})")
+    twice = [n for n in names if seen.count(n) > 1]
+    if twice:
+        raise ConfigError(f"axis_groups: {twice[0]!r} is in two groups")
+    missing = [n for n in names if n not in seen]
+    if missing:
+        raise ConfigError(f"axis_groups: axis {missing[0]!r} is in no group (each axis is in "
+                          "exactly one; a group of one varies that axis alone)")
+    return tuple(tuple(g) for g in groups)
 
 
 def _values(where: str, spec: dict) -> tuple[list[str], list[tuple]]:

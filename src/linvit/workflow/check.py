@@ -9,7 +9,7 @@ from pathlib import Path
 
 from linvit import found_files
 from linvit.workflow import axes, memo, selection
-from linvit.workflow.grid import grid_axes, robustness_section, teacher_specs
+from linvit.workflow.grid import check_seed_grid, grid_axes, robustness_section, teacher_specs
 from linvit.workflow.plan import Plan, plan
 from linvit.workflow.schema import GRID_KEYS, NAME_PATTERN
 
@@ -59,10 +59,13 @@ def check_names(config: dict) -> None:
         if bad:
             raise ConfigError(f"{field}: {bad[0]!r} is not an allowed name (names become folders "
                               f"and command-line words; allowed: {NAME_PATTERN})")
-    results = config.get("results", "results")
-    if not isinstance(results, str) or not results or re.search(r"[{}\n]", results):
-        raise ConfigError(f"results: {results!r} must be a non-empty path without braces or "
-                          "newlines (Snakemake reads braces in output paths as wildcards)")
+    for field in ("results", "jobs_folder"):
+        path = config.get(field, "results") if field == "results" else config.get(field)
+        if field == "jobs_folder" and path is None:
+            continue
+        if not isinstance(path, str) or not path or re.search(r"[{}\n]", path):
+            raise ConfigError(f"{field}: {path!r} must be a non-empty path without braces or "
+                              "newlines (Snakemake reads braces in output paths as wildcards)")
 
 
 def _check_registries(config: dict) -> None:
@@ -191,7 +194,7 @@ def job_arguments(config: dict, existing_file: str,
         if job.stage not in STAGES:            # a reporting step (a choice of settings)
             continue
         threads = [f"run.threads={job.kind.threads}"] if job.kind.record_kind else []
-        where = job.folder.removeprefix(jobs.results).lstrip("/")
+        where = job.folder.removeprefix(job.results).lstrip("/")
         out.append((job.field, where, job.stage, job.words(existing_file) + threads))
     return out
 
@@ -223,6 +226,7 @@ def _check_config(config: dict, existing_file: str) -> None:
     axes.check_types(grid_axes(config))
     selection.check(config)
     _check_registries(config)
+    check_seed_grid(config)
     _check_teachers(config)
     _check_teacher_files(config)
     _check_shift_classes(config)
@@ -244,7 +248,7 @@ def _check_dense_necks(jobs: Plan, built: dict) -> None:
     from linvit.models import SIZES
 
     for job in jobs.of("dense"):
-        where = job.folder.removeprefix(jobs.results).lstrip("/")
+        where = job.folder.removeprefix(job.results).lstrip("/")
         cfg = built[where]
         if cfg.model.neck == "adapter":
             try:

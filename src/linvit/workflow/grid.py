@@ -121,11 +121,13 @@ def reached(config: dict, teacher: str, init: str) -> dict[str, bool]:
             "distill": get_strategy(init).needs_distilled, "finetune": True}
 
 
-def _cells(config: dict, operators, strategies, losses) -> list[Cell]:
+def _cells(config: dict, operators, strategies, losses, seeds=None, datasets=None,
+           sizes=None) -> list[Cell]:
     out, axes = [], grid_axes(config)
+    pairs = [(t, s) for t, s in teacher_students(config) if sizes is None or s in sizes]
     for dataset, (teacher, size), op, init, seed in itertools.product(
-            config["datasets"], teacher_students(config), operators, strategies,
-            config["seeds"]):
+            datasets or config["datasets"], pairs, operators, strategies,
+            config["seeds"] if seeds is None else seeds):
         designs = losses if get_strategy(init).needs_distilled else [NO_LOSS]
         for combo in axes.combinations(reached(config, teacher, init)):
             out += [Cell(dataset, teacher, size, op, init, loss, seed, combo) for loss in designs]
@@ -133,13 +135,48 @@ def _cells(config: dict, operators, strategies, losses) -> list[Cell]:
 
 
 def expand_grid(config: dict) -> list[Cell]:
-    """Main grid, softmax reference cells, then the loss-design sub-grid; no duplicates."""
+    """Main grid, softmax reference cells, the loss-design sub-grid, then the seed sub-grids;
+    no duplicates."""
     cells = _cells(config, config["operators"], config["strategies"], [config["main_loss"]])
     cells += _cells(config, ["softmax"], config["reference_strategies"], [config["main_loss"]])
     sub = config.get("loss_grid") or {}
     if sub:
         cells += _cells(config, sub["operators"], sub["strategies"], sub["losses"])
+    for entry in config.get("seed_grid") or []:
+        cells += _seed_cells(config, entry)
     return list(dict.fromkeys(cells))
+
+
+def _seed_cells(config: dict, entry: dict) -> list[Cell]:
+    """One `seed_grid` entry's cells: its seeds on its part of the main grid (the softmax
+    operator takes the reference strategies among its strategies)."""
+    ops = entry.get("operators") or [*config["operators"], "softmax"]
+    strategies = entry.get("strategies") or [*config["strategies"],
+                                             *config["reference_strategies"]]
+    where = dict(seeds=entry["seeds"], datasets=entry.get("datasets"), sizes=entry.get("sizes"))
+    out = []
+    for op in ops:
+        own = config["reference_strategies"] if op == "softmax" else config["strategies"]
+        out += _cells(config, [op], [s for s in strategies if s in own],
+                      [config["main_loss"]], **where)
+    return out
+
+
+def check_seed_grid(config: dict) -> None:
+    """Each `seed_grid` entry names the grid's own datasets, sizes, operators and strategies
+    (what the schema cannot say), and adds at least one cell."""
+    allowed = {"datasets": list(config["datasets"]), "sizes": config["sizes"],
+               "operators": [*config["operators"], "softmax"],
+               "strategies": [*config["strategies"], *config["reference_strategies"]]}
+    for i, entry in enumerate(config.get("seed_grid") or []):
+        for field, names in allowed.items():
+            bad = [n for n in entry.get(field) or [] if n not in names]
+            if bad:
+                raise ConfigError(f"seed_grid[{i}].{field}: {bad[0]!r} is not one of the "
+                                  f"grid's {field} ({', '.join(map(str, names))})")
+        if not _seed_cells(config, entry):
+            raise ConfigError(f"seed_grid[{i}]: adds no cell (its strategies are none of its "
+                              "operators': softmax takes the reference strategies)")
 
 
 def teachers(config: dict, cells: list[Cell]) -> list[Model]:

@@ -46,6 +46,7 @@ class JobKind:
     output: str = RECORD
     axes: tuple[str, ...] = ()
     seeded: bool = False           # takes the cells' seed where a grid replicates it per seed
+    shared: bool = False           # kept in the jobs folder (config `jobs_folder`), not results
 
     def bind(self, axes, replicated: bool = False) -> JobKind:
         """This kind in a grid with config axes `axes` (linvit.workflow.axes.Axes), its jobs
@@ -85,16 +86,17 @@ class JobKind:
 
 
 KINDS = {k.name: k for k in (
-    JobKind("teacher", "teacher", "teachers", MODELS, ("teacher",), threads=2),
-    JobKind("import", "import", "imports", MODELS, benchmark_file=False),
+    # the training jobs, which grids naming one jobs folder share (linvit.workflow.shared)
+    JobKind("teacher", "teacher", "teachers", MODELS, ("teacher",), threads=2, shared=True),
+    JobKind("import", "import", "imports", MODELS, benchmark_file=False, shared=True),
     JobKind("distill", "distill", "distill", (*MODELS, "operator", "loss"),
-            ("teacher", "distill"), seeded=True),
-    JobKind("cell", "cell", "cells", CELL, ALL_STAGES),
+            ("teacher", "distill"), seeded=True, shared=True),
+    JobKind("cell", "cell", "cells", CELL, ALL_STAGES, shared=True),
     # fine-tuning settings chosen on a validation split (linvit.workflow.selection)
     JobKind("select_cell", "selection", "selection/cells", (*CELL[:-1], "candidate", "seed"),
-            ALL_STAGES),
+            ALL_STAGES, shared=True),
     JobKind("choose", None, "selection/chosen", (*MODELS, "init", "family"), ALL_STAGES,
-            benchmark_file=False, output="chosen.yaml"),
+            benchmark_file=False, output="chosen.yaml", shared=True),
     JobKind("maps", "maps", "maps", (*MODELS, "model"), ("teacher", "distill")),
     JobKind("corrupt", "corrupt", "robustness/corrupted", ("dataset",),
             log_prefix="robustness/corrupt", benchmark_file=False, run="run"),

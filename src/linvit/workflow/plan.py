@@ -24,6 +24,7 @@ class Plan:
     axes: Axes = Axes()
     kinds: dict[str, JobKind] = field(default_factory=dict)   # KINDS bound to the grid's axes
     distilled: list[Distillation] = field(default_factory=list)   # the grid's (the tables')
+    jobs_folder: str = ""             # where the shared kinds' jobs are (default: results)
     _index: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -48,7 +49,9 @@ class Plan:
 
     def pattern(self, kind: str, part: str = "output") -> str:
         """A kind's output, log or benchmark pattern in this grid (its axes' levels in)."""
-        return self.kinds[kind].pattern(self.results, part)
+        bound = self.kinds[kind]
+        return bound.pattern(self.jobs_folder or self.results if bound.shared else self.results,
+                             part)
 
     def constraints(self) -> dict[str, str]:
         """Each config axis's wildcard: one folder level."""
@@ -65,9 +68,10 @@ class Plan:
 
 def plan(config: dict) -> Plan:
     results = config.get("results", "results")
+    folder = config.get("jobs_folder") or results
     cells = g.expand_grid(config)
     axes = g.grid_axes(config)
-    jobs = Jobs(config, results, axes)
+    jobs = Jobs(config, results, axes, folder)
     for d, t, s in g.imports(config, cells):
         jobs.add_import(d, t, s)
     for model in g.teachers(config, cells):
@@ -95,14 +99,16 @@ def plan(config: dict) -> Plan:
         operators = config["bench"].get("operators") or registry_names("operator")
         jobs.add("bench", {}, "bench", {"stage": "bench"}, g.bench_overrides(config), "bench",
                  ("bench", operators))
-    return Plan(results, cells, jobs.made, axes, jobs.kinds, g.distillations(config, cells))
+    return Plan(results, cells, jobs.made, axes, jobs.kinds, g.distillations(config, cells),
+                folder)
 
 
 class Jobs:
     """Makes the jobs of one config, each from the jobs it reads (made before it)."""
 
-    def __init__(self, config: dict, results: str, axes: Axes):
+    def __init__(self, config: dict, results: str, axes: Axes, jobs_folder: str | None = None):
         self.config, self.results, self.axes, self.made = config, results, axes, []
+        self.jobs_folder = jobs_folder or results
         self.kinds = {name: kind.bind(axes, g.replicated(config))
                       for name, kind in KINDS.items()}
         self._by: dict[tuple, Job] = {}
@@ -112,7 +118,8 @@ class Jobs:
         """A job; `made`: what it makes in the grid's terms (its Cell, Model, Distillation)."""
         bound = self.kinds[kind]
         job = Job(bound, {k: str(wildcards[k]) for k in bound.wildcards}, stage, key, overrides,
-                  field_, code, list(inputs), reads or {}, self.results, made)
+                  field_, code, list(inputs), reads or {},
+                  self.jobs_folder if bound.shared else self.results, made)
         index = (kind, *job.wildcards.values())
         if index in self._by:
             raise ConfigError(f"two {kind} jobs with one key, {key}: {self._by[index].field} "

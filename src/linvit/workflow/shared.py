@@ -1,0 +1,50 @@
+"""Jobs shared between grids: a grid's `jobs_folder` (default: its results folder) keeps its
+teachers, distillations, cells and selection runs (the `shared` job kinds); grids that name one
+folder compute the jobs they have in common once, as Snakemake sees the same outputs. A study of
+several grids then trains its teacher once, not once per grid.
+
+Each such job's record says which grid made it and with which command (`made_by`). Sharing is
+safe only where the commands agree: a job in the folder that another grid made with another
+command (other settings under the same folder names) stops the plan with both grids named, before
+anything runs, instead of being silently rerun over the other grid's result. A grid's own jobs
+(made by its results folder) rerun as usual when its settings change.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from linvit.errors import ConfigError
+
+
+def digest(command: str) -> str:
+    """What identifies a job's work: its stage, run folder and every override (Job.command)."""
+    return hashlib.sha256(command.encode()).hexdigest()[:16]
+
+
+def made_by(grid: str, command: str) -> dict:
+    """A record's `made_by`: the results folder of the grid that ran the job, and its command."""
+    return {"grid": grid, "command": digest(command)}
+
+
+def check_not_foreign(plan) -> None:
+    """Refuse a shared job whose record another grid wrote with another command."""
+    for job in plan.jobs:
+        if not job.kind.shared or job.results == plan.results:
+            continue
+        record = Path(job.output)
+        if not record.is_file() or job.kind.record_kind is None:
+            continue
+        try:
+            maker = json.loads(record.read_text()).get("made_by") or {}
+        except (OSError, ValueError):
+            continue           # a torn record: Snakemake reruns the job, as for its own
+        if maker.get("grid") in (None, plan.results):
+            continue
+        if maker.get("command") != digest(job.command()):
+            raise ConfigError(
+                f"jobs_folder: {job.folder} was made by the grid of {maker['grid']!r} with other "
+                f"settings than this grid ({plan.results!r}) gives it: running it here would "
+                "replace that grid's result. Make the two grids' settings for it agree, or give "
+                "this grid a jobs_folder of its own")
