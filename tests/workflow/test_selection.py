@@ -52,6 +52,22 @@ def test_every_strategy_runs_every_candidate_on_one_seed_and_its_cells_read_the_
         "c3", {"optim.lr": 1.0e-3, "optim.label_smoothing": 0.1}]
 
 
+def test_candidates_run_on_the_named_operators_and_the_choice_serves_every_operator():
+    config = selected(operators=[default_config()["operators"][-1]])
+    jobs, full = plan(config), plan(selected())
+    op = config["selection"]["operators"][0]
+    assert {j.key["operator"] for j in jobs.of("select_cell")} == {op, "softmax"}
+    assert {j.key["operator"] for j in full.of("select_cell")} == {*config["operators"],
+                                                                    "softmax"}
+    strategies = len(config["strategies"])
+    assert len(jobs.of("select_cell")) == 4 * (strategies + len(config["reference_strategies"]))
+    assert len(jobs.of("choose")) == len(full.of("choose"))
+    for cell in jobs.of("cell"):                  # every operator's cells read a choice
+        assert cell.config_file is not None and cell.config_file in cell.inputs
+    with pytest.raises(ConfigError, match="selection.operators: 'softmax' is not one of"):
+        check.check_config(selected(operators=["softmax"]), str(ROOT / "Snakefile"))
+
+
 def test_without_selection_nothing_is_held_out_and_no_cell_reads_a_choice():
     jobs = plan(default_config())
     assert not jobs.of("select_cell", "choose")

@@ -232,7 +232,8 @@ class Jobs:
         seed, options = sel.selection_seed(self.config), sel.candidates(self.config)
         picked: dict[sel.Choice, list[Job]] = {}
         for c in cells:
-            if c.seed == seed and c.loss in (self.config["main_loss"], g.NO_LOSS):
+            if (c.seed == seed and c.loss in (self.config["main_loss"], g.NO_LOSS)
+                    and sel.runs_on(self.config, c.operator)):
                 picked.setdefault(sel.choice_of(c), []).extend(
                     self.add_cell(c, "select_cell", option) for option in options)
         for choice, runs in picked.items():

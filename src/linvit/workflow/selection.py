@@ -3,6 +3,7 @@
     selection:
       val_size: 500               # images held out of each dataset's training split (val_seed)
       seed: 0                     # the one seed every candidate runs on
+      operators: [linear]         # optional: the operators candidates run on (default: all)
       candidates:                 # every combination is a candidate: here 2 x 2
         optim.lr: [5.0e-4, 1.0e-3]
         optim.warmup_epochs: [0, 1]
@@ -10,7 +11,8 @@
 Each strategy of the grid, `random` and the copied ones alike, and the softmax reference, runs
 every candidate on one seed, trained without the validation images and scored on them; per
 (dataset, teacher, size, config axes, strategy) the candidate with the best validation top-1
-(the mean over the grid's operators; the first candidate on a tie) is chosen
+(the mean over the grid's operators, or over `operators` where the section names some: fewer
+candidate runs, the choice applied to every operator; the first candidate on a tie) is chosen
 (linvit.report.selection) and the grid's cells of that strategy fine-tune with it, also without
 the validation images: the test split gives the final numbers only. The report names what each
 strategy got and what the selection cost.
@@ -54,6 +56,10 @@ def check(config: dict) -> None:
     fields = section(config).get("candidates") or {}
     if section(config) and not fields:
         raise ConfigError("selection.candidates: name at least one field and its values")
+    bad = [op for op in section(config).get("operators") or [] if op not in config["operators"]]
+    if bad:
+        raise ConfigError(f"selection.operators: {bad[0]!r} is not one of the grid's operators "
+                          f"({', '.join(config['operators'])})")
     axes = config.get("axes") or {}
     for field in fields:
         where = f"selection.candidates.{field}"
@@ -65,6 +71,13 @@ def check(config: dict) -> None:
         for name, axis in axes.items():
             if axis.get("stage") == "finetune" and axis.get("field") == field:
                 raise ConfigError(f"{where}: also varied by axes.{name}: choose it or sweep it")
+
+
+def runs_on(config: dict, operator: str) -> bool:
+    """Whether the candidates run on `operator`'s cells: the softmax reference always (its own
+    choice), a linear operator where `operators` names it or is absent."""
+    chosen_on = section(config).get("operators")
+    return operator == SOFTMAX or not chosen_on or operator in chosen_on
 
 
 def choice_of(cell) -> Choice:
