@@ -40,9 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="linvit", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"linvit {__version__}")
     parser.add_argument("--nproc", type=_positive_int, default=1,
-                        help="processes (GPUs) for data-parallel training; >1 relaunches "
-                             "this command under torch.distributed.run (run.threads is then "
-                             "shared among them)")
+                        help="processes (GPUs) for data-parallel training; >1 runs this "
+                             "command in that many processes under torch's elastic launcher "
+                             "(linvit.runs.launch; run.threads is then shared among them)")
     parser.add_argument("--code-stamp", metavar="FILE",
                         help="refuse to run unless the source files this code stamp lists "
                              "(linvit.workflow.deps.code_stamp) are what it records: the "
@@ -81,18 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def relaunch_distributed(nproc: int, argv: list[str]) -> None:
-    """Replace this process by `torchrun --standalone --nproc_per_node N -m linvit.cli ...`."""
-    rest, skip = [], False
-    for a in argv:
-        if skip or a == "--nproc" or a.startswith("--nproc="):
-            skip = a == "--nproc"
-            continue
-        rest.append(a)
-    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                              f"--nproc_per_node={nproc}", "-m", "linvit.cli", *rest])
-
-
 def code_stamp_problem(stamp: str) -> str | None:
     """Why this job must not run the code it finds (None: it is the code the workflow planned
     with; see linvit.workflow.deps.code_stamp)."""
@@ -117,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"linvit {args.command}: error: {problem}; run the workflow again", file=sys.stderr)
         return 2
     if args.nproc > 1 and "LOCAL_RANK" not in os.environ:
-        relaunch_distributed(args.nproc, argv)
+        from linvit.runs.launch import run_distributed
+
+        return run_distributed(args.nproc, argv)
     return _guarded(args.command, lambda: run_command(args))
 
 
@@ -132,7 +122,8 @@ def _guarded(command: str, run) -> int:
         from linvit.runs.preempt import EXIT_PREEMPTED, requeue
 
         print(f"linvit {command}: preempted: {_one_line(e)}", file=sys.stderr)
-        requeue()
+        if "LOCAL_RANK" not in os.environ:      # a worker's launcher requeues (runs.launch)
+            requeue()
         return EXIT_PREEMPTED
     except LinvitError as e:
         print(f"linvit {command}: error: {_one_line(e)}", file=sys.stderr)

@@ -70,6 +70,24 @@ def test_a_signal_mid_epoch_saves_that_step_and_the_resumed_run_is_the_uninterru
         read_json(tmp_path / "whole" / "metrics.json")["top1"]
 
 
+def test_a_signal_in_an_epoch_s_last_step_stops_at_that_epoch_s_checkpoint(
+        mnist_root, tmp_path, monkeypatch):
+    common = ["pretrain", f"data.root={mnist_root}", *ARGS]
+    assert cli.main([common[0], "-o", str(tmp_path / "whole"), *common[1:]]) == 0
+    steps = 512 // 64
+    real = trainer.open_loggers
+    monkeypatch.setattr(trainer, "open_loggers", lambda *a, **k: SignalAt(steps, signal.SIGTERM))
+    cut = tmp_path / "cut"
+    assert cli.main([common[0], "-o", str(cut), *common[1:]]) == EXIT_PREEMPTED
+    saved = load_file(cut / "checkpoint.safetensors")
+    assert not [k for k in saved if k.startswith("position.")]     # the epoch's own checkpoint
+    assert len(read_jsonl(cut / "train.jsonl")) == 1
+    monkeypatch.setattr(trainer, "open_loggers", real)
+    assert cli.main([common[0], "-o", str(cut), *common[1:]]) == 0
+    whole, resumed = (load_file(p / "model.safetensors") for p in (tmp_path / "whole", cut))
+    assert [k for k in whole if not torch.equal(whole[k], resumed[k])] == []
+
+
 def test_without_a_signal_the_handlers_are_left_as_they_were(mnist_root, tmp_path):
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     assert cli.main(["pretrain", "-o", str(tmp_path / "run"), f"data.root={mnist_root}",
@@ -95,3 +113,69 @@ def test_under_slurm_a_preempted_job_requeues_itself(tmp_path, monkeypatch):
     monkeypatch.setenv("LINVIT_SLURM_REQUEUE", "0")   # a site that requeues by itself
     requeue()
     assert calls.read_text().split() == ["requeue", "4242"]
+
+
+# Loaded by every process of the run below (PYTHONPATH): the process of rank
+# LINVIT_TEST_SIGNAL_RANK sends itself SIGTERM at optimizer update LINVIT_TEST_SIGNAL_AT.
+SIGNAL_ONE_RANK = '''
+import os, signal
+if "RANK" in os.environ and os.environ["RANK"] == os.environ.get("LINVIT_TEST_SIGNAL_RANK"):
+    from linvit.train import trainer
+    at = int(os.environ["LINVIT_TEST_SIGNAL_AT"])
+    class SignalAt:
+        def __bool__(self): return True
+        def step(self, update, loss, lr):
+            if update == at:
+                os.kill(os.getpid(), signal.SIGTERM)
+        def epoch(self, record, update): pass
+        def close(self): pass
+    trainer.open_loggers = lambda *a, **k: SignalAt()
+'''
+
+
+@pytest.mark.slow
+def test_two_processes_one_signalled_stop_together_and_resume_each_with_its_own_generators(
+        mnist_root, tmp_path):
+    """torch.distributed (gloo, 2 CPU processes), drop path and Mixup drawing from each
+    process's own generators: SIGTERM to rank 1 alone at update 19 stops both at the next check
+    (update 24, inside epoch 2), the launcher exits EXIT_PREEMPTED (not torchrun's 1), and the
+    resumed run, each process back on its own generators, ends with the uninterrupted run's
+    weights. Resuming with another process count is refused."""
+    import subprocess
+    import sys
+
+    from linvit.runs.preempt import STOP_CHECK_EVERY
+
+    args = ["pretrain", f"data.root={mnist_root}", "data.train_subset=512", "data.batch_size=32",
+            *[a for a in ARGS if not a.startswith("data.batch_size")], "optim.epochs=3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(SIGNAL_ONE_RANK)
+
+    def run(out, nproc=2, **extra):
+        return subprocess.run([sys.executable, "-m", "linvit.cli", "--nproc", str(nproc),
+                               args[0], "-o", str(out), *args[1:]], env={**env, **extra},
+                              capture_output=True, text=True, timeout=600)
+
+    whole = run(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    steps, at = 512 // 32, 16 + 3                     # updates per epoch; epoch 2, update 3
+    stop = -(-at // STOP_CHECK_EVERY) * STOP_CHECK_EVERY
+    assert stop < 2 * steps                           # the check falls inside epoch 2
+    cut = run(tmp_path / "cut", PYTHONPATH=str(tmp_path / "hook"), LINVIT_TEST_SIGNAL_RANK="1",
+              LINVIT_TEST_SIGNAL_AT=str(at))
+    assert cut.returncode == EXIT_PREEMPTED, cut.stderr[-3000:]
+    saved = load_file(tmp_path / "cut" / "checkpoint.safetensors")
+    assert saved["position.count"].item() == (stop - steps) * 32
+    ranks = [{k.split(".", 3)[3]: v for k, v in saved.items()
+              if k.startswith(f"position.rng.{r}.")} for r in (0, 1)]
+    assert ranks[0].keys() == ranks[1].keys() >= {"torch", "numpy"}
+    assert not torch.equal(ranks[0]["torch"], ranks[1]["torch"])   # each its own generator
+    other = run(tmp_path / "cut", nproc=1)
+    assert other.returncode == 2 and "resume it with --nproc 2" in other.stderr, other.stderr
+    resumed = run(tmp_path / "cut")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("whole", "cut"))
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert read_json(tmp_path / "cut" / "metrics.json")["top1"] == \
+        read_json(tmp_path / "whole" / "metrics.json")["top1"]

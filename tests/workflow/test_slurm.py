@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,10 +22,13 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 from test_paper_toy import deit_tiny_file, imagenet_folder, shift_folders, toy_paper_config
 from test_snakemake import TINY, copy_project, small_config, snakemake
 
+from linvit.io import read_json
 from linvit.workflow.leftovers import SUBMITTED, submitted_jobs
 
 from local_slurm import PARTITION, LocalSlurm, Unavailable, wait_for
@@ -396,3 +400,81 @@ def test_the_documented_command_reaches_sbatch(tmp_path, slurm):
         slurm.cancel_from(project)
         slurm.wait_for_empty_queue("the cancelled jobs gone", CANCEL_DEADLINE)
     assert len(slurm.completed_jobs()) > before
+
+
+# Loaded by the job's Python (PYTHONPATH): in its first run, at optimizer update
+# LINVIT_TEST_REQUEUE_AT, it asks `scontrol requeue` for its own job, as an operator or the
+# scheduler would, then trains on no further until SLURM's SIGTERM has reached linvit's handler.
+REQUEUE_ONCE = '''
+import os, signal, subprocess, time
+from pathlib import Path
+marker = Path(os.environ.get("LINVIT_TEST_MARKER", "/nonexistent/marker"))
+if "SLURM_JOB_ID" in os.environ and not marker.exists():
+    from linvit.train import trainer
+    at = int(os.environ["LINVIT_TEST_REQUEUE_AT"])
+    class RequeueAt:
+        def __bool__(self): return True
+        def step(self, update, loss, lr):
+            if update != at:
+                return
+            marker.write_text(os.environ["SLURM_JOB_ID"])
+            subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
+            preemption = signal.getsignal(signal.SIGTERM).__self__
+            deadline = time.monotonic() + 120
+            while not preemption.requested and time.monotonic() < deadline:
+                time.sleep(0.05)
+        def epoch(self, record, update): pass
+        def close(self): pass
+    trainer.open_loggers = lambda *a, **k: RequeueAt()
+'''
+
+
+def test_a_running_job_requeued_by_scontrol_resumes_bit_identical(tmp_path, slurm, mnist_root):
+    """`scontrol requeue` of a running training job: SLURM's SIGTERM stops linvit at the next
+    step, which saves that step's checkpoint and exits EXIT_PREEMPTED; SLURM runs the job again,
+    and the run resumes there and ends with the weights and metrics of a run never requeued."""
+    args = ["pretrain", f"data.root={mnist_root}", "data.train_subset=512", "data.batch_size=64",
+            "optim.epochs=2", "optim.warmup_epochs=1", "model.size=cpu64", "model.drop_path=0.1",
+            "aug.mixup=0.8", "run.progress=false", "run.threads=1", "run.loggers=[]"]
+    env = {**slurm.env(), "OMP_NUM_THREADS": "1"}
+    python = [sys.executable, "-m", "linvit.cli"]
+    whole = subprocess.run([*python, args[0], "-o", str(tmp_path / "whole"), *args[1:]],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(REQUEUE_ONCE)
+    script = tmp_path / "job.sh"
+    runs = shlex.quote(str(tmp_path / "runs"))
+    script.write_text("#!/bin/bash\n"
+                      f'echo "run ${{SLURM_RESTART_COUNT:-0}} $(date +%s)" >> {runs}\n'
+                      f"exec {shlex.join(python)} {args[0]} -o {tmp_path / 'cut'} "
+                      f"{shlex.join(args[1:])}\n")
+    job_env = {**env, "PYTHONPATH": str(tmp_path / "hook"),
+               "LINVIT_TEST_MARKER": str(tmp_path / "requeued"),
+               "LINVIT_TEST_REQUEUE_AT": str(512 // 64 + 3)}      # epoch 2, update 3
+    submitted = subprocess.run(["sbatch", "--parsable", "--requeue", "--export=ALL",
+                                "--open-mode=append", "-p", PARTITION, "-c", "1", "--mem=2000",
+                                "-o", str(tmp_path / "job-%j.out"), str(script)],
+                               env=job_env, capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    # SLURM holds a requeued job back for a while (its begin time, about two minutes here): once
+    # it is pending again, let it start now, as a busy cluster would start it whenever it can
+    wait_for("the job requeued and pending", lambda: (tmp_path / "requeued").exists() and
+             slurm.client("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "PENDING",
+             CANCEL_DEADLINE)
+    slurm.client("scontrol", "update", f"JobId={job}", "StartTime=now")
+    slurm.wait_for_empty_queue(f"job {job} requeued and finished", CANCEL_DEADLINE,
+                               jobs=lambda: [j for j in slurm.queue() if j == job])
+    assert (tmp_path / "requeued").read_text() == job
+    runs = [line.split() for line in (tmp_path / "runs").read_text().splitlines()]
+    assert [r[:2] for r in runs] == [["run", "0"], ["run", "1"]], runs
+    out = (tmp_path / f"job-{job}.out").read_text()
+    # stopped at the step it was signalled in, and resumed there, not at the epoch's checkpoint
+    assert "preempted: " in out and "after epoch 1 and step 3 of the next" in out, out[-3000:]
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("whole", "cut"))
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert read_json(tmp_path / "cut" / "metrics.json")["top1"] == \
+        read_json(tmp_path / "whole" / "metrics.json")["top1"]
+    ends = [j["JobState"] for j in slurm.completed_jobs() if j["JobId"] == job]
+    assert ends[-1] == "COMPLETED", ends

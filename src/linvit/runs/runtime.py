@@ -76,6 +76,15 @@ class Runtime:
         if self.distributed:
             dist.barrier()
 
+    def gather(self, obj) -> list:
+        """Every process's `obj`, in rank order, on every process (`[obj]` in one process). For
+        small host-side state only (torch pickles it between this run's own processes)."""
+        if not self.distributed:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
 
 def process_threads(threads: int | None, local_processes: int) -> int | None:
     """This process's share of `run.threads`, the CPU threads of the whole job on this node (a

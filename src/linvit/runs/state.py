@@ -27,7 +27,8 @@ def save_state(path: str | Path, model: nn.Module, optimizer, scheduler, epoch: 
                history: list[dict], info: dict, ema: nn.Module | None = None,
                position: dict | None = None) -> None:
     """`ema`: the model's exponential moving average (timm's ModelEmaV3), saved beside it.
-    `position`: inside epoch `epoch` (0-based, unfinished), {"step", "sums", "count", "rng"}."""
+    `position`: inside epoch `epoch` (0-based, unfinished), {"step", "sums", "count", "rng"},
+    "rng" a list of every process's generators (linvit.runs.preempt.rng_states), rank order."""
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if ema is not None:
         tensors.update({f"ema.{k}": v.detach().cpu().contiguous()
@@ -50,13 +51,14 @@ def save_state(path: str | Path, model: nn.Module, optimizer, scheduler, epoch: 
         "info": json.dumps(info, sort_keys=True),
         "rng": "reseeded each epoch from (seed, epoch, rank)",
     }
-    if position is not None:
-        rng_tensors, rng_meta = position["rng"]
+    if position is not None:            # "rng": per process, in rank order
         tensors.update({f"position.sums.{k}": v.detach().cpu().reshape(1)
                         for k, v in position["sums"].items()})
         tensors["position.count"] = position["count"].detach().cpu().reshape(1)
-        tensors.update({f"position.rng.{k}": v for k, v in rng_tensors.items()})
-        meta["position"] = json.dumps({"step": position["step"], "rng": rng_meta})
+        for rank, (rng_tensors, _) in enumerate(position["rng"]):
+            tensors.update({f"position.rng.{rank}.{k}": v for k, v in rng_tensors.items()})
+        meta["position"] = json.dumps({"step": position["step"],
+                                       "rng": [m for _, m in position["rng"]]})
     save_tensors(path, tensors, meta)
 
 
@@ -132,6 +134,15 @@ def load_state(path: str | Path, model: nn.Module, optimizer, scheduler,
             "step": where["step"], "count": part["count"][0],
             "sums": {k.removeprefix("sums."): v[0] for k, v in part.items()
                      if k.startswith("sums.")},
-            "rng": ({k.removeprefix("rng."): v for k, v in part.items()
-                     if k.startswith("rng.")}, where["rng"])})
+            "rng": _rng_of_ranks(part, where["rng"])})
     return json.loads(meta["epoch"]), json.loads(meta["history"])
+
+
+def _rng_of_ranks(part: dict[str, torch.Tensor], meta) -> list[tuple[dict, dict]]:
+    """Each process's generators of a position (tensors rng.<rank>.<name>); a checkpoint from
+    before they were kept per process holds the main process's alone (rng.<name>, one dict)."""
+    if isinstance(meta, dict):
+        return [({k.removeprefix("rng."): v for k, v in part.items()
+                  if k.startswith("rng.")}, meta)]
+    return [({k.removeprefix(f"rng.{rank}."): v for k, v in part.items()
+              if k.startswith(f"rng.{rank}.")}, of_rank) for rank, of_rank in enumerate(meta)]

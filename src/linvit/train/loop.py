@@ -26,8 +26,9 @@ def train_one_epoch(module: nn.Module, loader, optimizer, scheduler, epoch: int,
     """`batch_aug`: (images, labels) -> (images, targets) on the device (linvit.train.recipe:
     random erasing, Mixup/CutMix); `after_step(updates)` after each optimizer step (the EMA);
     `on_step(updates, loss, lr)` then too (the live curves; the loss a tensor, not synced).
-    `stop()` true after a step: Preempted, with the epoch's position; `resume`: such a position
-    (linvit.runs.preempt), whose batches are drawn again from the loader but not trained on."""
+    `stop(updates)` true after a step: Preempted, with the epoch's position; `resume`: such a
+    position (linvit.runs.preempt), whose batches are drawn again from the loader but not
+    trained on."""
     module.train()
     sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=rt.device))
     count = torch.zeros((), device=rt.device)
@@ -67,7 +68,7 @@ def train_one_epoch(module: nn.Module, loader, optimizer, scheduler, epoch: int,
         sums["loss"] += loss.detach().float() * n
         for k, v in logs.items():
             sums[k] += v.detach().float() * n
-        if stop is not None and step + 1 < steps and stop():
+        if stop is not None and step + 1 < steps and stop(epoch * steps + step + 1):
             raise Preempted(step + 1, dict(sums), count)
     elapsed = time.perf_counter() - start
     names = sorted(sums)

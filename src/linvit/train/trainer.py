@@ -13,9 +13,9 @@ from timm.scheduler import create_scheduler_v2
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from linvit.errors import RunFailed, RunPreempted
+from linvit.errors import RunDirError, RunFailed, RunPreempted
 from linvit.runs.loggers import open_loggers
-from linvit.runs.preempt import Preempted, Preemption, rng_states
+from linvit.runs.preempt import STOP_CHECK_EVERY, Preempted, Preemption, rng_states
 from linvit.runs.rundir import RunDir
 from linvit.runs.runtime import Runtime, epoch_seed
 from linvit.runs.state import load_state, save_state, started_precision
@@ -84,7 +84,8 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
                     after_step=(lambda n: ema.update(model, step=n)) if ema else None,
                     on_step=curves.step if curves else None,
                     resume=_mine(resumed, rt) if epoch == start else None,
-                    stop=(lambda: _any_rank(preemption.requested, rt)) if preemption else None)
+                    stop=(lambda update: _any_rank(preemption.requested, rt, update))
+                    if preemption else None)
             except Preempted as stopped:
                 _save_preempted(run, rt, stopped, model, optimizer, scheduler, epoch, history,
                                 identity, ema)
@@ -102,35 +103,53 @@ def fit(objective: nn.Module, model: nn.Module, train_loader, optim_cfg, run: Ru
                            identity, ema)
                 run.write_history(history)
             rt.barrier()
+            # a signal in the epoch's last steps (or between checks): stop here, where the
+            # epoch's checkpoint was just saved, not one epoch's steps later
+            if (preemption is not None and epoch + 1 < optim_cfg.epochs
+                    and _any_rank(preemption.requested, rt, 0)):
+                raise RunPreempted(f"{run.path}: stopped after epoch {epoch + 1} by signal "
+                                   f"{preemption.signal}; its checkpoint resumes from there")
     return history
 
 
 def _mine(position: dict | None, rt: Runtime) -> dict | None:
-    """A preempted epoch's position for this process: the epoch's sums (saved summed over the
-    processes) on the main one, zeros elsewhere, so that the epoch's total is the same."""
-    if position is None or rt.is_main:
-        return position
-    return {**position, "sums": {k: v * 0 for k, v in position["sums"].items()},
+    """A preempted epoch's position for this process: its own generators, and the epoch's sums
+    (saved summed over the processes) on the main one, zeros elsewhere, so that the epoch's
+    total is the same. Only as many processes as saved it can go on inside that epoch."""
+    if position is None:
+        return None
+    if len(position["rng"]) != rt.world:
+        raise RunDirError(f"the checkpoint stopped inside an epoch with {len(position['rng'])} "
+                        f"process(es), and this run has {rt.world}: resume it with --nproc "
+                        f"{len(position['rng'])} (the epoch's batches are split per process)")
+    mine = {**position, "rng": position["rng"][rt.rank]}
+    if rt.is_main:
+        return mine
+    return {**mine, "sums": {k: v * 0 for k, v in position["sums"].items()},
             "count": position["count"] * 0}
 
 
-def _any_rank(flag: bool, rt: Runtime) -> bool:
-    """Whether any process was signalled: all stop at the same step."""
+def _any_rank(flag: bool, rt: Runtime, update: int) -> bool:
+    """Whether any process was signalled, so that all stop at the same step: in one process at
+    once, under torch.distributed every STOP_CHECK_EVERY updates (a collective and a host sync)."""
     if not rt.distributed:
         return flag
+    if update % STOP_CHECK_EVERY:
+        return False
     return rt.all_reduce_sum(torch.tensor([float(flag)], device=rt.device)).item() > 0
 
 
 def _save_preempted(run: RunDir, rt: Runtime, stopped: Preempted, model, optimizer, scheduler,
                     epoch: int, history: list[dict], identity: dict, ema) -> None:
     """The checkpoint of the step a preemption stopped at: the epoch it is in, its step, the
-    epoch's sums over every process and this process's generators."""
+    epoch's sums over every process and every process's generators."""
     names = sorted(stopped.sums)
     totals = rt.all_reduce_sum(torch.stack([stopped.sums[k] for k in names] + [stopped.count]))
+    every = rt.gather(rng_states())
     if rt.is_main:
         save_state(run.checkpoint, model, optimizer, scheduler, epoch, history, identity, ema,
                    position={"step": stopped.step, "count": totals[-1],
-                             "sums": dict(zip(names, totals[:-1])), "rng": rng_states()})
+                             "sums": dict(zip(names, totals[:-1])), "rng": every})
     rt.barrier()
 
 
