@@ -152,6 +152,10 @@ class Job:
         return self._path(self.kind.log)
 
     @property
+    def benchmark(self) -> str | None:
+        return self._path(self.kind.benchmark) if self.kind.benchmark else None
+
+    @property
     def model(self) -> str:
         return f"{self.run_dir}/{MODEL}"
 
