@@ -179,3 +179,24 @@ def test_two_processes_one_signalled_stop_together_and_resume_each_with_its_own_
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
     assert read_json(tmp_path / "cut" / "metrics.json")["top1"] == \
         read_json(tmp_path / "whole" / "metrics.json")["top1"]
+
+
+def test_a_checkpoint_from_before_per_process_states_resumes_every_process_on_the_main_s():
+    from types import SimpleNamespace
+
+    from linvit.errors import RunDirError
+    from linvit.runs.preempt import rng_states
+    from linvit.runs.state import _rng_of_ranks
+
+    tensors, meta = rng_states()
+    old = _rng_of_ranks({f"rng.{k}": v for k, v in tensors.items()}, meta)   # one dict, no rank
+    position = {"step": 3, "sums": {"loss": torch.ones(())}, "count": torch.ones(()),
+                "rng": old}
+    for rank in (0, 1):
+        rt = SimpleNamespace(world=2, rank=rank, is_main=rank == 0)
+        mine = trainer._mine(position, rt)
+        assert torch.equal(mine["rng"][0]["torch"], tensors["torch"])
+        assert mine["count"].item() == (1.0 if rank == 0 else 0.0)
+    new = _rng_of_ranks({f"rng.0.{k}": v for k, v in tensors.items()}, [meta])  # 1 process
+    with pytest.raises(RunDirError, match="resume it with --nproc 1"):
+        trainer._mine({**position, "rng": new}, SimpleNamespace(world=2, rank=0, is_main=True))

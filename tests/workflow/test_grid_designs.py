@@ -120,7 +120,7 @@ def test_the_shared_kinds_go_to_the_jobs_folder_and_the_rest_to_results():
     config = {**default_config(), "results": "out/grid b", "jobs_folder": "out/jobs"}
     jobs = plan(config)
     assert {k.name for k in KINDS.values() if k.shared} == {
-        "teacher", "import", "distill", "cell", "select_cell", "choose"}
+        "teacher", "import", "distill", "cell", "select_cell"}
     for job in jobs.jobs:
         root = "out/jobs" if job.kind.shared else "out/grid b"
         assert job.folder.startswith(root + "/") and job.log.startswith(root + "/logs/")
@@ -165,3 +165,46 @@ def test_the_schema_and_check_accept_the_fields_and_refuse_a_bad_jobs_folder():
     schema = (ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text()
     for field in ("jobs_folder:", "axis_groups:", "seed_grid:"):
         assert f"\n  {field}" in schema
+
+
+def test_the_tables_fill_a_row_an_axis_does_not_reach_into_the_design_s_combinations_only(
+        tmp_path):
+    """With axis groups, a cell no distill axis reaches (copy_mlp) stands in each combination
+    of the design, not in the whole cross product of the axes' values."""
+    import pandas as pd
+
+    from linvit.report.grid import read_grid
+
+    config = {**default_config(), "axes": AXES, "axis_groups": GROUPS}
+    cells = plan(config).cells
+    (tmp_path / "grid.json").write_text(json.dumps(grid.grid_document(config, cells)))
+    g = read_grid(tmp_path / "grid.json")
+    design = expected_combos(AXES, GROUPS, {"teacher": True, "distill": True, "finetune": True})
+    row = {"kind": "cell", "init": "copy_mlp", "loss": "none", "start": NONE, "e2e": NONE,
+           "d_epochs": NONE, "ft_lr": "a", "top1": 50.0}
+    filled = g.complete(pd.DataFrame([row]))
+    found = {tuple(zip(AXES, r)) for r in filled[list(AXES)].astype(str).to_numpy()}
+    assert found == {c for c in design if dict(c)["ft_lr"] == "a"}
+    assert len(filled) == len(found) == 2 * 2 + (3 - 1)
+    crossed = {**config, "axis_groups": None}
+    (tmp_path / "full.json").write_text(json.dumps(grid.grid_document(crossed, cells)))
+    assert len(read_grid(tmp_path / "full.json").complete(pd.DataFrame([row]))) == 2 * 2 * 3
+
+
+def test_a_grid_whose_results_another_grid_uses_as_its_jobs_folder_is_checked_too(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sharer = {**default_config(), "results": "b", "jobs_folder": "a"}
+    teacher = plan(sharer).of("teacher")[0]
+    write_record(teacher, "b", teacher.command())       # b made a's teacher with its settings
+    owner = {**default_config(), "results": "./a"}       # a itself, spelt another way
+    assert plan(owner).of("teacher")[0].output == teacher.output.replace("a/", "./a/", 1)
+    check_not_foreign(plan({**owner, "results": "a"}))  # the same settings: nothing to refuse
+    epochs = {**owner, "stages": {**owner["stages"], "teacher": {
+        **owner["stages"]["teacher"], "optim": {**owner["stages"]["teacher"]["optim"],
+                                                "epochs": 99}}}}
+    with pytest.raises(ConfigError, match=r"made by the grid of 'b'"):
+        check_not_foreign(plan(epochs))
+    # b, spelt another way, with its settings changed since: its own job, rerun as usual
+    write_record(teacher, "./b", "pretrain -o a/teachers/old --rerun optim.epochs=1")
+    check_not_foreign(plan({**sharer, "results": "b/"}))

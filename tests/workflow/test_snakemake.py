@@ -314,7 +314,7 @@ def test_a_second_grid_naming_the_jobs_folder_trains_nothing_it_shares(project):
     run = snakemake(project, "-n", "--cores", "2", "--configfile", "config/b.yaml")
     assert run.returncode == 0, run.stderr[-3000:]
     planned = planned_outputs(run.stdout)
-    shared = {"teacher", "import_teacher", "distill", "finetune", "select_cell", "choose"}
+    shared = {"teacher", "import_teacher", "distill", "finetune", "select_cell"}
     assert not shared & set(planned), {r: planned[r] for r in shared & set(planned)}
     assert {"collect", "tables", "report"} <= set(planned)
     assert all(o.startswith(str(project / "results b")) for outs in planned.values()

@@ -36,6 +36,7 @@ class Grid:
     dense_columns: list = field(default_factory=list)
     margins: dict = field(default_factory=dict)      # the claims' margins (claims.margins)
     selection: dict = field(default_factory=dict)    # {"candidates": [[label, settings]]}
+    combinations: list = field(default_factory=list)  # axis_groups: the design's, else all
 
     @property
     def axis_names(self) -> list[str]:
@@ -65,7 +66,8 @@ class Grid:
         return frame[(frame["kind"] == "cell") & frame["loss"].isin([self.main_loss, NONE])]
 
     def complete(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """Each row without a value of a config axis repeated once per value (module doc)."""
+        """Each row without a value of a config axis repeated once per value (module doc), into
+        the design's combinations alone where the axes vary a group at a time."""
         frame = frame.reset_index(drop=True)      # rows by position (an index may repeat)
         for axis in self.axes:
             name, labels = axis["name"], list(axis["values"])
@@ -77,6 +79,11 @@ class Grid:
             values = [label for a, v in zip(absent, column) for label in (labels if a else [v])]
             out[name] = values
             frame = out.reset_index(drop=True)
+        if self.combinations and self.axes:       # only the design's combinations (axis_groups)
+            names = self.axis_names
+            design = {tuple(str(v) for v in c) for c in self.combinations}
+            kept = [tuple(str(v) for v in row) in design for row in frame[names].to_numpy()]
+            frame = frame[kept].reset_index(drop=True)
         return frame
 
 
@@ -90,4 +97,4 @@ def read_grid(path: str | Path) -> Grid:
                          "the workflow, which rewrites it")
     return Grid(doc["cells"], doc["main_loss"], doc["orders"], doc["tables"],
                 doc.get("axes", []), doc.get("dense_columns", []), doc.get("margins", {}),
-                doc.get("selection", {}))
+                doc.get("selection", {}), doc.get("combinations", []))

@@ -14,6 +14,7 @@ launcher kills them.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -46,6 +47,16 @@ def exit_status(codes: list[int]) -> int:
     return 2 if 2 in codes else 1
 
 
+def _signal_settings() -> dict:
+    """The launcher's signal settings where this torch's LaunchConfig has them (newer torch);
+    older ones pass SIGTERM on with their own grace and end on SIGUSR1 (send SIGTERM there)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    have = {f.name for f in dataclasses.fields(LaunchConfig)}
+    wanted = {"signals_to_handle": SIGNALS, "shutdown_timeout": GRACE_S}
+    return {k: v for k, v in wanted.items() if k in have}
+
+
 def run_distributed(nproc: int, argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -56,8 +67,7 @@ def run_distributed(nproc: int, argv: list[str]) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-                          rdzv_endpoint="localhost:0", max_restarts=0,
-                          signals_to_handle=SIGNALS, shutdown_timeout=GRACE_S)
+                          rdzv_endpoint="localhost:0", max_restarts=0, **_signal_settings())
     try:
         elastic_launch(config, sys.executable)("-m", "linvit.cli", *worker_args(argv))
         status = 0

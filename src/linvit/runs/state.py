@@ -141,8 +141,8 @@ def load_state(path: str | Path, model: nn.Module, optimizer, scheduler,
 def _rng_of_ranks(part: dict[str, torch.Tensor], meta) -> list[tuple[dict, dict]]:
     """Each process's generators of a position (tensors rng.<rank>.<name>); a checkpoint from
     before they were kept per process holds the main process's alone (rng.<name>, one dict)."""
-    if isinstance(meta, dict):
+    if isinstance(meta, dict):             # rank None: whichever process count resumes it
         return [({k.removeprefix("rng."): v for k, v in part.items()
-                  if k.startswith("rng.")}, meta)]
+                  if k.startswith("rng.")}, {**meta, "rank": None})]
     return [({k.removeprefix(f"rng.{rank}."): v for k, v in part.items()
               if k.startswith(f"rng.{rank}.")}, of_rank) for rank, of_rank in enumerate(meta)]

@@ -118,11 +118,16 @@ def _mine(position: dict | None, rt: Runtime) -> dict | None:
     total is the same. Only as many processes as saved it can go on inside that epoch."""
     if position is None:
         return None
-    if len(position["rng"]) != rt.world:
-        raise RunDirError(f"the checkpoint stopped inside an epoch with {len(position['rng'])} "
-                        f"process(es), and this run has {rt.world}: resume it with --nproc "
-                        f"{len(position['rng'])} (the epoch's batches are split per process)")
-    mine = {**position, "rng": position["rng"][rt.rank]}
+    states = position["rng"]
+    if states[0][1].get("rank", 0) is None:     # from before each process's were kept
+        log.warning("this checkpoint holds the main process's random states alone: every "
+                    "process resumes on them")
+        states = states * rt.world
+    if len(states) != rt.world:
+        raise RunDirError(f"the checkpoint stopped inside an epoch with {len(states)} "
+                          f"process(es), and this run has {rt.world}: resume it with --nproc "
+                          f"{len(states)} (the epoch's batches are split per process)")
+    mine = {**position, "rng": states[rt.rank]}
     if rt.is_main:
         return mine
     return {**mine, "sums": {k: v * 0 for k, v in position["sums"].items()},

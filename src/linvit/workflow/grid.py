@@ -370,6 +370,10 @@ def grid_document(config: dict, cells: list[Cell]) -> dict:
         "main_loss": config["main_loss"],
         "tables": report_tables(config, cells),
         "axes": [a.as_dict() for a in axes],
+        # axes varied a group at a time: the combinations of the design, which alone the
+        # tables fill in for a job an axis does not reach (linvit.report.grid)
+        **({"combinations": [[label for _, label in combo] for combo in axes.combinations(
+            {"teacher": True, "distill": True, "finetune": True})]} if axes.groups else {}),
         "margins": dict((config.get("claims") or {}).get("margins") or {}),
         **({"selection": {"candidates": [list(c) for c in sel.candidates(config)]}}
            if sel.section(config) else {}),

@@ -95,8 +95,10 @@ KINDS = {k.name: k for k in (
     # fine-tuning settings chosen on a validation split (linvit.workflow.selection)
     JobKind("select_cell", "selection", "selection/cells", (*CELL[:-1], "candidate", "seed"),
             ALL_STAGES, shared=True),
+    # the choice stays with its grid: it reads the grid's own grid.json, and its file carries no
+    # record to tell which grid made it (a cell reading it is then the grid's own too)
     JobKind("choose", None, "selection/chosen", (*MODELS, "init", "family"), ALL_STAGES,
-            benchmark_file=False, output="chosen.yaml", shared=True),
+            benchmark_file=False, output="chosen.yaml"),
     JobKind("maps", "maps", "maps", (*MODELS, "model"), ("teacher", "distill")),
     JobKind("corrupt", "corrupt", "robustness/corrupted", ("dataset",),
             log_prefix="robustness/corrupt", benchmark_file=False, run="run"),

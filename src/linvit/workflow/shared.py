@@ -1,7 +1,7 @@
 """Jobs shared between grids: a grid's `jobs_folder` (default: its results folder) keeps its
-teachers, distillations, cells and selection runs (the `shared` job kinds); grids that name one
-folder compute the jobs they have in common once, as Snakemake sees the same outputs. A study of
-several grids then trains its teacher once, not once per grid.
+teachers, distillations, cells and selection candidates (the `shared` job kinds); grids that
+name one folder compute the jobs they have in common once, as Snakemake sees the same outputs.
+A study of several grids then trains its teacher once, not once per grid.
 
 Each such job's record says which grid made it and with which command (`made_by`). Sharing is
 safe only where the commands agree: a job in the folder that another grid made with another
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from linvit.errors import ConfigError
@@ -28,10 +29,15 @@ def made_by(grid: str, command: str) -> dict:
     return {"grid": grid, "command": digest(command)}
 
 
+def same_folder(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
 def check_not_foreign(plan) -> None:
-    """Refuse a shared job whose record another grid wrote with another command."""
+    """Refuse a shared job whose record another grid wrote with another command (in this grid's
+    jobs folder, be it its results folder: another grid may name that as its jobs folder)."""
     for job in plan.jobs:
-        if not job.kind.shared or job.results == plan.results:
+        if not job.kind.shared:
             continue
         record = Path(job.output)
         if not record.is_file() or job.kind.record_kind is None:
@@ -40,7 +46,7 @@ def check_not_foreign(plan) -> None:
             maker = json.loads(record.read_text()).get("made_by") or {}
         except (OSError, ValueError):
             continue           # a torn record: Snakemake reruns the job, as for its own
-        if maker.get("grid") in (None, plan.results):
+        if maker.get("grid") is None or same_folder(maker["grid"], plan.results):
             continue
         if maker.get("command") != digest(job.command()):
             raise ConfigError(
