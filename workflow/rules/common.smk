@@ -98,7 +98,8 @@ def job_params(kind):
     return dict(kind=KINDS[kind].record_kind,
                 dir=lambda wc: PLAN.find(kind, wc).run_dir,
                 key=lambda wc: PLAN.find(kind, wc).key_json(),
-                args=lambda wc: PLAN.find(kind, wc).command())
+                args=lambda wc: PLAN.find(kind, wc).command(),
+                digest=lambda wc: shared.digest(PLAN.find(kind, wc).command()))
 
 
 # The resources of every RUN_AND_RECORD job, which its command reads: GPUs and linvit processes
@@ -108,15 +109,16 @@ RUN_RESOURCES = dict(gpu=0, nproc=1)
 # Every job: run linvit (which first checks that the code is what the job's stamp records), then
 # write a record (ok or failed), so one failing job shows as failed in the tables instead of
 # stopping the rest of the grid. A job killed by a signal (an interrupted workflow) leaves no
-# record: it has not failed, and the next run resumes it. The record names the grid and command
-# that made the job (linvit.workflow.shared) through the shell, not params: a param naming the
-# grid would make another grid sharing the job rerun it.
+# record: it has not failed, and the next run resumes it. The record names the grid and the
+# command's digest that made the job (linvit.workflow.shared); the grid through the shell, not
+# params, where it would make another grid sharing the job rerun it (the digest is the same in
+# every grid that shares the job).
 RUN_AND_RECORD = """
 status=0
 {LINVIT} --nproc {resources.nproc:q} --code-stamp {input.code:q} {params.args} run.threads={threads} \
     > {log:q} 2>&1 || status=$?
 if [ $status -ge 128 ]; then exit $status; fi
 {REPORT} record --kind {params.kind:q} --key {params.key:q} --run-dir {params.dir:q} \
-    --status $status --log {log:q} --grid-results {RESULTS:q} --command {params.args:q} \
-    --out {output.record:q}
+    --status $status --log {log:q} --grid-results {RESULTS:q} \
+    --command-digest {params.digest:q} --out {output.record:q}
 """

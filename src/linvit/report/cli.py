@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--status", type=int, required=True, help="the linvit run's exit status")
     r.add_argument("--log")
     r.add_argument("--grid-results", help="the results folder of the grid that ran the job")
-    r.add_argument("--command", help="the job's linvit command (its digest is recorded)")
+    r.add_argument("--command-digest", help="the digest of the job's linvit command")
     r.add_argument("--out", required=True)
     c = sub.add_parser("collect")
     c.add_argument("--grid", help="grid.json: its key columns; its cells without a record appear "

@@ -13,7 +13,6 @@ import yaml
 from linvit.io import loads, read_json, write_json
 from linvit.report.kinds import KINDS
 from linvit.runs.verify import check_run
-from linvit.workflow.shared import made_by
 
 LOG_TAIL_LINES = 30
 
@@ -44,6 +43,12 @@ def make_record(kind: str, key: dict, run_dir: str | Path, exit_status: int,
     return record
 
 
+def made_by(grid: str, digest: str) -> dict:
+    """A record's `made_by`: the results folder of the grid that ran the job, and the digest of
+    its command (linvit.workflow.shared)."""
+    return {"grid": grid, "command": digest}
+
+
 def write_record(out: str | Path, **kwargs) -> dict:
     record = make_record(**kwargs)
     write_json(out, record)
@@ -57,4 +62,4 @@ def read_records(paths) -> list[dict]:
 def run_step(a) -> None:
     write_record(a.out, kind=a.kind, key=loads(a.key), run_dir=a.run_dir,
                  exit_status=a.status, log=a.log,
-                 made_by=made_by(a.grid_results, a.command) if a.grid_results else None)
+                 made_by=made_by(a.grid_results, a.command_digest) if a.grid_results else None)

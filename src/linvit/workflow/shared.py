@@ -24,11 +24,6 @@ def digest(command: str) -> str:
     return hashlib.sha256(command.encode()).hexdigest()[:16]
 
 
-def made_by(grid: str, command: str) -> dict:
-    """A record's `made_by`: the results folder of the grid that ran the job, and its command."""
-    return {"grid": grid, "command": digest(command)}
-
-
 def same_folder(a: str, b: str) -> bool:
     return os.path.abspath(a) == os.path.abspath(b)
 
