@@ -47,8 +47,10 @@ if workflow.exec_mode == ExecMode.DEFAULT:
 RESULTS = config["results"]
 OUT = ResultsFolder(RESULTS)      # the aggregate files' paths (each job's own: its kind's pattern)
 PLAN = plan.plan(config)          # the grid, expanded once
-# A job of a shared jobs_folder that another grid made with other settings: refused, not redone.
-shared.check_not_foreign(PLAN)
+# A job of a shared jobs_folder that another grid made with other settings: refused, not redone
+# (by the planning Snakemake alone: it reads every shared job's record, which no job needs again).
+if workflow.exec_mode == ExecMode.DEFAULT:
+    shared.check_not_foreign(PLAN)
 # Every job's code stamp, written now: a stamp that cannot be written or read stops the plan
 # here with its reason, where inside an input function Snakemake would drop the job instead.
 for _job in PLAN.jobs:

@@ -59,10 +59,10 @@ def check_names(config: dict) -> None:
         if bad:
             raise ConfigError(f"{field}: {bad[0]!r} is not an allowed name (names become folders "
                               f"and command-line words; allowed: {NAME_PATTERN})")
-    for field in ("results", "jobs_folder"):
-        path = config.get(field, "results") if field == "results" else config.get(field)
-        if field == "jobs_folder" and path is None:
-            continue
+    folders = {"results": config.get("results", "results"),
+               **({"jobs_folder": config["jobs_folder"]}
+                  if config.get("jobs_folder") is not None else {})}
+    for field, path in folders.items():
         if not isinstance(path, str) or not path or re.search(r"[{}\n]", path):
             raise ConfigError(f"{field}: {path!r} must be a non-empty path without braces or "
                               "newlines (Snakemake reads braces in output paths as wildcards)")

@@ -78,6 +78,10 @@ class JobKind:
             return None
         return f"benchmarks/{self.log_prefix or self.prefix}{self._levels()}.tsv"
 
+    def root(self, results: str, jobs_folder: str) -> str:
+        """The folder its jobs are kept under in a grid: the jobs folder for a shared kind."""
+        return jobs_folder if self.shared else results
+
     def pattern(self, results: str, part: str = "output") -> str:
         """The rule's pattern of `part` (output, log, benchmark), `{wildcard}`s left in."""
         template = {"output": f"{self.folder}/{self.output}", "log": self.log,

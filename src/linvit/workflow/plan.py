@@ -50,8 +50,7 @@ class Plan:
     def pattern(self, kind: str, part: str = "output") -> str:
         """A kind's output, log or benchmark pattern in this grid (its axes' levels in)."""
         bound = self.kinds[kind]
-        return bound.pattern(self.jobs_folder or self.results if bound.shared else self.results,
-                             part)
+        return bound.pattern(bound.root(self.results, self.jobs_folder or self.results), part)
 
     def constraints(self) -> dict[str, str]:
         """Each config axis's wildcard: one folder level."""
@@ -119,7 +118,7 @@ class Jobs:
         bound = self.kinds[kind]
         job = Job(bound, {k: str(wildcards[k]) for k in bound.wildcards}, stage, key, overrides,
                   field_, code, list(inputs), reads or {},
-                  self.jobs_folder if bound.shared else self.results, made)
+                  bound.root(self.results, self.jobs_folder), made)
         index = (kind, *job.wildcards.values())
         if index in self._by:
             raise ConfigError(f"two {kind} jobs with one key, {key}: {self._by[index].field} "
